@@ -1,0 +1,26 @@
+"""d2lmini: the small shared library behind the book's notebooks.
+
+``import d2lmini`` gives the framework-neutral core and imports no deep-learning framework.
+Each framework has a thin backend with the same names in each::
+
+    from d2lmini import torch as d2l    # or mxnet, jax, paddle
+    devices = d2l.try_all_gpus()         # real GPUs, else simulated CPU devices
+
+Importing a backend prepares its framework first (simulated device count for JAX, NumPy 2
+compatibility for MXNet, Paddle's logging side effect undone).
+"""
+from .config import PROFILES, Profile, get_profile, host_has_gpu, num_simulated_devices
+from .data import (BatchIterator, DataError, FashionMNIST, TEXT_LABELS, find_data_dir,
+                   get_fashion_mnist_labels, load_fashion_mnist)
+from .plot import Animator
+from .utils import Accumulator, Timer, check_device_count, shard_slices
+
+__version__ = "0.1.0"
+
+__all__ = ["Accumulator", "Animator", "BatchIterator", "DataError", "FashionMNIST", "PROFILES",
+           "Profile", "TEXT_LABELS", "Timer", "check_device_count", "find_data_dir",
+           "get_fashion_mnist_labels", "get_profile", "host_has_gpu", "load_fashion_mnist",
+           "num_simulated_devices", "shard_slices"]
+from .collectives import Transfer, chunk_slices, naive_schedule, ring_schedule, traffic
+
+__all__ += ["Transfer", "chunk_slices", "naive_schedule", "ring_schedule", "traffic"]

@@ -1,0 +1,153 @@
+"""JAX backend of d2lmini.
+
+Devices: the GPUs when JAX sees any.  Otherwise the host CPU is split into
+``D2LMINI_NUM_DEVICES`` real XLA host devices (``jax_num_cpu_devices``); they are distinct
+devices to JAX (``device_put``, ``pmap``, ``shard_map`` and sharded ``jit`` treat them as
+such), sharing the processor's cores.
+
+Importing this module sets that count, which only works before JAX initialises its
+backends -- import ``d2lmini.jax`` before running any JAX operation.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .config import num_simulated_devices
+from .utils import Accumulator, check_device_count, shard_slices
+
+FRAMEWORK = "jax"
+SIMULATED_NOTE = ("JAX splits the host CPU into N XLA devices (jax_num_cpu_devices): "
+                  "distinct devices to JAX, sharing the same cores.")
+
+_WANTED = num_simulated_devices()
+try:
+    jax.config.update("jax_num_cpu_devices", _WANTED)
+except RuntimeError:  # backends already initialised: checked in try_all_gpus()
+    pass
+
+
+def num_gpus() -> int:
+    try:
+        return len(jax.devices("gpu"))
+    except RuntimeError:
+        return 0
+
+
+def try_gpu(i: int = 0):
+    """GPU ``i`` if it exists, else the first CPU device."""
+    return jax.devices("gpu")[i] if num_gpus() > i else jax.devices("cpu")[0]
+
+
+def try_all_gpus() -> list:
+    """All GPUs, or ``D2LMINI_NUM_DEVICES`` simulated CPU devices; never empty."""
+    if num_gpus():
+        return list(jax.devices("gpu"))
+    cpus = jax.devices("cpu")
+    if len(cpus) < _WANTED:
+        raise RuntimeError(
+            f"JAX has {len(cpus)} CPU device(s) but D2LMINI_NUM_DEVICES={_WANTED}: JAX was "
+            f"initialised before d2lmini.jax was imported. Restart the kernel and import "
+            f"d2lmini.jax before any JAX operation (or set XLA_FLAGS="
+            f"--xla_force_host_platform_device_count={_WANTED} before starting Python).")
+    return list(cpus[:_WANTED])
+
+
+def get_devices(k: int) -> list:
+    """The first ``k`` devices of :func:`try_all_gpus`, with a clear error if there are fewer."""
+    return check_device_count(k, try_all_gpus(), "Set D2LMINI_NUM_DEVICES to simulate more "
+                              "CPU devices (before importing d2lmini.jax).")
+
+
+def synchronize(devices=None) -> None:
+    """Wait for all dispatched work (JAX runs asynchronously)."""
+    for a in jax.live_arrays():
+        a.block_until_ready()
+
+
+def to_numpy(x) -> np.ndarray:
+    return np.asarray(x)
+
+
+def split_batch(X, y, devices):
+    """Split ``X`` and ``y`` along the batch axis into ``len(devices)`` shards, one per device."""
+    if len(X) != len(y):
+        raise ValueError(f"X has {len(X)} samples but y has {len(y)}")
+    slices = shard_slices(len(y), len(devices))
+    X, y = np.asarray(X), np.asarray(y)
+    if y.dtype == np.int64:  # JAX defaults to 32-bit integers
+        y = y.astype(np.int32)
+    return ([jax.device_put(X[s], d) for s, d in zip(slices, devices)],
+            [jax.device_put(y[s], d) for s, d in zip(slices, devices)])
+
+
+def accuracy(y_hat, y) -> float:
+    """Number of correct predictions."""
+    return float((jnp.argmax(y_hat, axis=1) == y).sum())
+
+
+def evaluate_accuracy(net, data_iter, devices) -> float:
+    """Accuracy over ``data_iter`` with every batch split across ``devices``.
+
+    ``net`` is a callable applied to each shard, or a list of callables, one per device.
+    """
+    nets = net if isinstance(net, (list, tuple)) else [net] * len(devices)
+    metric = Accumulator(2)
+    for X, y in data_iter:
+        X_shards, y_shards = split_batch(X, y, devices)
+        metric.add(sum(accuracy(f(Xs), ys) for f, Xs, ys in zip(nets, X_shards, y_shards)),
+                   len(y))
+    return metric[0] / metric[1]
+
+
+def _flax():
+    from flax import linen as nn
+    return nn
+
+
+def resnet18(num_classes: int = 10, in_channels: int = 1, width: int = 64,
+             bn_axis_name: str | None = None):
+    """The seeds' ResNet-18 variant for 28x28 inputs (Flax linen): 3x3 stem, no max-pooling.
+
+    Takes NCHW input like the other backends (transposed to NHWC inside).  Call it with
+    ``train=True`` and ``mutable=['batch_stats']`` to train.  ``bn_axis_name`` makes
+    BatchNorm average its statistics over that mapped axis (cross-device BatchNorm).
+    ``in_channels`` is inferred by Flax.
+    """
+    nn = _flax()
+
+    class Residual(nn.Module):
+        channels: int
+        use_1x1conv: bool = False
+        strides: int = 1
+
+        @nn.compact
+        def __call__(self, X, train: bool):
+            bn = lambda: nn.BatchNorm(use_running_average=not train, momentum=0.9,
+                                      axis_name=bn_axis_name)
+            s = (self.strides, self.strides)
+            Y = nn.relu(bn()(nn.Conv(self.channels, (3, 3), s, padding=1)(X)))
+            Y = bn()(nn.Conv(self.channels, (3, 3), padding=1)(Y))
+            if self.use_1x1conv:
+                X = nn.Conv(self.channels, (1, 1), s)(X)
+            return nn.relu(Y + X)
+
+    class ResNet18(nn.Module):
+        num_classes: int = 10
+        width: int = 64
+
+        @nn.compact
+        def __call__(self, X, train: bool = False):
+            X = jnp.transpose(X, (0, 2, 3, 1))  # NCHW -> NHWC
+            w = self.width
+            X = nn.Conv(w, (3, 3), padding=1)(X)
+            X = nn.relu(nn.BatchNorm(use_running_average=not train, momentum=0.9,
+                                     axis_name=bn_axis_name)(X))
+            for i, c in enumerate((w, 2 * w, 4 * w, 8 * w)):
+                X = Residual(c, use_1x1conv=i > 0, strides=1 if i == 0 else 2)(X, train)
+                X = Residual(c)(X, train)
+            X = X.mean(axis=(1, 2))
+            return nn.Dense(self.num_classes)(X)
+
+    return ResNet18(num_classes=num_classes, width=width)

@@ -1,0 +1,109 @@
+"""Launching multi-process training from a notebook or a test, without ever hanging.
+
+Framework-neutral: builds no framework object, only runs processes.  Used for
+``torchrun`` / ``python -m torch.distributed.run``, ``python -m paddle.distributed.launch``
+and plain scripts that call ``torch.multiprocessing.spawn`` / ``paddle.distributed.spawn``.
+
+* :func:`free_port` picks a rendezvous port that is free right now (never a fixed one that
+  another job may hold).
+* :func:`run` starts the launcher in its own process group, streams nothing to the notebook
+  but keeps the whole log, and on a timeout kills the *group* (launcher and every rank).
+  A non-zero exit raises :class:`LaunchError` carrying the tail of the log, so the failing
+  rank's traceback is shown where the reader ran the cell.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["LaunchError", "LaunchResult", "free_port", "run", "read_rank_results", "python"]
+
+
+def python() -> str:
+    """The interpreter of the running kernel (so launched ranks use the same environment)."""
+    return sys.executable
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` that nobody listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class LaunchError(RuntimeError):
+    """The launched job failed or timed out; ``.log`` holds its full output."""
+
+    def __init__(self, message: str, log: str, returncode: int | None):
+        super().__init__(message)
+        self.log, self.returncode = log, returncode
+
+
+@dataclass
+class LaunchResult:
+    returncode: int
+    log: str
+    seconds: float
+
+
+def _tail(text: str, lines: int = 60) -> str:
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def run(cmd: list[str], timeout: float, env: dict | None = None, cwd: str | None = None,
+        echo: bool = False) -> LaunchResult:
+    """Run ``cmd`` (a launcher and its ranks) to completion or kill it after ``timeout`` s.
+
+    ``env`` is added to the current environment.  Raises :class:`LaunchError` on a non-zero
+    exit or a timeout, with the last lines of the combined output in the message.
+    """
+    import time
+    full_env = dict(os.environ)
+    full_env.update({k: str(v) for k, v in (env or {}).items()})
+    full_env.setdefault("PYTHONUNBUFFERED", "1")
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=full_env, cwd=cwd, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        out, _ = proc.communicate()
+        raise LaunchError(
+            f"{' '.join(cmd[:4])} ... did not finish within {timeout:.0f} s and was killed "
+            f"with all its processes (a rank stuck in a collective?). Last output:\n"
+            f"{_tail(out or '')}", out or "", None) from None
+    finally:
+        if proc.poll() is None:
+            _kill_group(proc)
+    seconds = time.perf_counter() - t0
+    if echo:
+        print(out, end="")
+    if proc.returncode != 0:
+        raise LaunchError(
+            f"{' '.join(cmd[:4])} ... failed with exit code {proc.returncode} after "
+            f"{seconds:.1f} s. Last output:\n{_tail(out)}", out, proc.returncode)
+    return LaunchResult(proc.returncode, out, seconds)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def read_rank_results(directory, world_size: int, pattern: str = "rank{rank}.json") -> list[dict]:
+    """Load the JSON file each rank wrote; a clear error names the ranks that wrote none."""
+    d = Path(directory)
+    paths = [d / pattern.format(rank=r) for r in range(world_size)]
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise FileNotFoundError(f"these ranks wrote no result: {', '.join(missing)}")
+    return [json.loads(p.read_text()) for p in paths]

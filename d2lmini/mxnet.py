@@ -1,0 +1,123 @@
+"""MXNet backend of d2lmini (classic ``mx.nd`` / Gluon API).
+
+Devices: ``mx.gpu(i)`` when there are GPUs, else ``mx.cpu(0) .. mx.cpu(N-1)``: MXNet treats
+CPU contexts with different ids as distinct devices (separate buffers, explicit copies), so
+the simulation is real device placement, only on the same processor.
+"""
+from __future__ import annotations
+
+from . import _mxnet_compat
+
+_mxnet_compat.install()
+
+import mxnet as mx  # noqa: E402
+import numpy as np  # noqa: E402
+from mxnet import gluon, nd  # noqa: E402
+from mxnet.gluon import nn  # noqa: E402
+
+from .config import num_simulated_devices  # noqa: E402
+from .utils import Accumulator, check_device_count, shard_slices  # noqa: E402
+
+FRAMEWORK = "mxnet"
+SIMULATED_NOTE = ("MXNet CPU contexts cpu(0), cpu(1), ... are distinct devices: arrays on "
+                  "them are separate buffers and must be copied explicitly.")
+
+
+def num_gpus() -> int:
+    return mx.context.num_gpus()
+
+
+def try_gpu(i: int = 0):
+    """GPU ``i`` if it exists, else the CPU."""
+    return mx.gpu(i) if num_gpus() > i else mx.cpu()
+
+
+def try_all_gpus() -> list:
+    """All GPUs, or ``D2LMINI_NUM_DEVICES`` simulated CPU devices; never empty."""
+    n = num_gpus()
+    if n:
+        return [mx.gpu(i) for i in range(n)]
+    return [mx.cpu(i) for i in range(num_simulated_devices())]
+
+
+def get_devices(k: int) -> list:
+    """The first ``k`` devices of :func:`try_all_gpus`, with a clear error if there are fewer."""
+    return check_device_count(k, try_all_gpus(), "Set D2LMINI_NUM_DEVICES to simulate more "
+                              "CPU devices (before importing d2lmini.mxnet).")
+
+
+def synchronize(devices=None) -> None:
+    """Wait for all queued work (MXNet runs asynchronously)."""
+    nd.waitall()
+
+
+def to_numpy(x) -> np.ndarray:
+    return x.asnumpy() if isinstance(x, nd.NDArray) else np.asarray(x)
+
+
+def split_batch(X, y, devices):
+    """Split ``X`` and ``y`` along the batch axis into ``len(devices)`` shards, one per device."""
+    if len(X) != len(y):
+        raise ValueError(f"X has {len(X)} samples but y has {len(y)}")
+    slices = shard_slices(len(y), len(devices))
+    X, y = to_numpy(X), to_numpy(y)
+    return ([nd.array(X[s], ctx=d, dtype=X.dtype) for s, d in zip(slices, devices)],
+            [nd.array(y[s], ctx=d, dtype=y.dtype) for s, d in zip(slices, devices)])
+
+
+def accuracy(y_hat, y) -> float:
+    """Number of correct predictions."""
+    return float((y_hat.argmax(axis=1).astype(y.dtype) == y).sum().asscalar())
+
+
+def evaluate_accuracy(net, data_iter, devices) -> float:
+    """Accuracy over ``data_iter`` with every batch split across ``devices``.
+
+    ``net`` is a callable applied to each shard, or a list of callables, one per device.
+    """
+    nets = net if isinstance(net, (list, tuple)) else [net] * len(devices)
+    metric = Accumulator(2)
+    for X, y in data_iter:
+        X_shards, y_shards = split_batch(X, y, devices)
+        correct = [accuracy(f(Xs), ys) for f, Xs, ys in zip(nets, X_shards, y_shards)]
+        metric.add(sum(correct), len(y))
+    return metric[0] / metric[1]
+
+
+class Residual(nn.HybridBlock):
+    """The residual block of ResNet (two 3x3 convolutions, optional 1x1 shortcut)."""
+
+    def __init__(self, channels, use_1x1conv=False, strides=1, **kwargs):
+        super().__init__(**kwargs)
+        self.conv1 = nn.Conv2D(channels, 3, padding=1, strides=strides)
+        self.conv2 = nn.Conv2D(channels, 3, padding=1)
+        self.conv3 = nn.Conv2D(channels, 1, strides=strides) if use_1x1conv else None
+        self.bn1, self.bn2 = nn.BatchNorm(), nn.BatchNorm()
+
+    def hybrid_forward(self, F, X):
+        Y = F.relu(self.bn1(self.conv1(X)))
+        Y = self.bn2(self.conv2(Y))
+        if self.conv3 is not None:
+            X = self.conv3(X)
+        return F.relu(Y + X)
+
+
+def resnet18(num_classes: int = 10, in_channels: int = 1, width: int = 64):
+    """The seeds' ResNet-18 variant for 28x28 inputs: a 3x3 stem, no max-pooling.
+
+    ``width`` is the channel count of the first stage (64 in the seed); the stages have
+    width, 2*width, 4*width, 8*width channels.  ``in_channels`` is inferred by Gluon.
+    """
+    def stage(channels, first):
+        blk = nn.HybridSequential()
+        blk.add(Residual(channels, use_1x1conv=not first, strides=1 if first else 2),
+                Residual(channels))
+        return blk
+
+    net = nn.HybridSequential()
+    net.add(nn.Conv2D(width, kernel_size=3, strides=1, padding=1), nn.BatchNorm(),
+            nn.Activation("relu"))
+    net.add(stage(width, True), stage(2 * width, False), stage(4 * width, False),
+            stage(8 * width, False))
+    net.add(nn.GlobalAvgPool2D(), nn.Dense(num_classes))
+    return net

@@ -1,0 +1,87 @@
+"""Machine-readable records of what a notebook or the benchmark measured.
+
+Every record states the hardware and versions it was measured on, so a number is never
+read without its context.  Records are kept in a JSON file (a list of records); a new record
+replaces an older one with the same key (framework, api, chapter, devices, profile,
+batch_size).
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import subprocess
+from importlib import metadata
+from pathlib import Path
+
+__all__ = ["hardware_info", "versions", "record_result", "load_results"]
+
+KEY = ("chapter", "framework", "api", "devices", "profile", "batch_size")
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _gpu_names() -> list[str]:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+        return [l.strip() for l in out.stdout.splitlines() if l.strip()] if out.returncode == 0 else []
+    except (OSError, subprocess.SubprocessError):
+        return []
+
+
+def hardware_info() -> dict:
+    return {"cpu": _cpu_model(), "cpu_cores": os.cpu_count(), "gpus": _gpu_names(),
+            "machine": platform.machine(), "python": platform.python_version()}
+
+
+def versions(*packages: str) -> dict:
+    names = packages or ("numpy", "torch", "jax", "jaxlib", "flax", "optax", "paddlepaddle",
+                         "mxnet")
+    out = {}
+    for n in names:
+        try:
+            out[n] = metadata.version(n)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def record_result(path, *, chapter: str, framework: str, api: str, devices: int,
+                  profile: str, batch_size: int, **measured) -> dict:
+    """Add (or replace) one record in the JSON list at ``path`` and return it.
+
+    ``measured`` holds the numbers, e.g. ``s_per_epoch``, ``samples_per_s``, ``test_acc``.
+    """
+    rec = {"chapter": chapter, "framework": framework, "api": api, "devices": int(devices),
+           "profile": profile, "batch_size": int(batch_size), **measured,
+           "hardware": hardware_info(), "versions": versions(),
+           "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+    p = Path(path)
+    records = load_results(p)
+    records = [r for r in records if tuple(r.get(k) for k in KEY) != tuple(rec[k] for k in KEY)]
+    records.append(rec)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_suffix(p.suffix + ".tmp")
+    tmp.write_text(json.dumps(records, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, p)
+    return rec
+
+
+def load_results(path) -> list[dict]:
+    p = Path(path)
+    if not p.is_file():
+        return []
+    data = json.loads(p.read_text())
+    if not isinstance(data, list):
+        raise ValueError(f"{p}: expected a JSON list of records")
+    return data

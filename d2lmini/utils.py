@@ -1,0 +1,86 @@
+"""Framework-neutral helpers: Accumulator, Timer, and the arithmetic of splitting a batch."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+__all__ = ["Accumulator", "Timer", "shard_slices", "check_device_count"]
+
+
+class Accumulator:
+    """Sums ``n`` running totals (e.g. correct predictions and number of predictions)."""
+
+    def __init__(self, n: int):
+        self.data = [0.0] * n
+
+    def add(self, *args) -> None:
+        if len(args) != len(self.data):
+            raise ValueError(f"Accumulator holds {len(self.data)} totals, got {len(args)} values")
+        self.data = [a + float(b) for a, b in zip(self.data, args)]
+
+    def reset(self) -> None:
+        self.data = [0.0] * len(self.data)
+
+    def __getitem__(self, idx):
+        return self.data[idx]
+
+
+class Timer:
+    """Records the durations of several runs (``start``/``stop`` pairs)."""
+
+    def __init__(self):
+        self.times: list[float] = []
+        self._tik: float | None = None
+
+    def start(self) -> None:
+        self._tik = time.perf_counter()
+
+    def stop(self) -> float:
+        if self._tik is None:
+            raise RuntimeError("Timer.stop() called before Timer.start()")
+        self.times.append(time.perf_counter() - self._tik)
+        self._tik = None
+        return self.times[-1]
+
+    def avg(self) -> float:
+        return sum(self.times) / len(self.times) if self.times else 0.0
+
+    def sum(self) -> float:
+        return sum(self.times)
+
+    def cumsum(self) -> list[float]:
+        return np.array(self.times).cumsum().tolist()
+
+
+def shard_slices(n: int, k: int) -> list[slice]:
+    """Slices that cut ``n`` samples into ``k`` contiguous shards, as even as possible.
+
+    An uneven ``n`` (the last batch of an epoch) gives shards whose sizes differ by one: the
+    first ``n % k`` shards get one sample more.  Gradients stay exact when every device sums
+    (does not average) its loss and the update divides by the *global* batch size ``n``: the
+    sum of the shards' gradients is then the gradient of the whole batch.
+
+    Raises ``ValueError`` when a device would get no sample at all.
+    """
+    if k < 1:
+        raise ValueError(f"need at least one device, got {k}")
+    if n < k:
+        raise ValueError(
+            f"cannot split a batch of {n} sample(s) across {k} devices: every device needs "
+            f"at least one sample. Use a batch size >= {k}, fewer devices, or drop the last "
+            f"batch (BatchIterator(..., drop_last=True)).")
+    base, extra = divmod(n, k)
+    bounds = np.cumsum([0] + [base + (i < extra) for i in range(k)])
+    return [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def check_device_count(requested: int, available: list, how_to_get_more: str) -> list:
+    """The first ``requested`` devices of ``available``, or a ValueError saying what to do."""
+    if requested < 1:
+        raise ValueError(f"asked for {requested} devices; ask for at least one")
+    if requested > len(available):
+        raise ValueError(
+            f"asked for {requested} devices but only {len(available)} exist "
+            f"({', '.join(map(str, available))}). {how_to_get_more}")
+    return list(available[:requested])
