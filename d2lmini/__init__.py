@@ -13,7 +13,7 @@ from .config import PROFILES, Profile, get_profile, host_has_gpu, num_simulated_
 from .data import (BatchIterator, DataError, FashionMNIST, TEXT_LABELS, find_data_dir,
                    get_fashion_mnist_labels, load_fashion_mnist)
 from .plot import Animator
-from .utils import Accumulator, Timer, check_device_count, shard_slices
+from .utils import Accumulator, Timer, check_device_count, evaluate_accuracy_with, shard_slices
 
 __version__ = "0.1.0"
 

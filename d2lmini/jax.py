@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .config import num_simulated_devices
-from .utils import Accumulator, check_device_count, shard_slices
+from .utils import check_device_count, evaluate_accuracy_with, shard_slices
 
 FRAMEWORK = "jax"
 SIMULATED_NOTE = ("JAX splits the host CPU into N XLA devices (jax_num_cpu_devices): "
@@ -90,15 +90,10 @@ def accuracy(y_hat, y) -> float:
 def evaluate_accuracy(net, data_iter, devices) -> float:
     """Accuracy over ``data_iter`` with every batch split across ``devices``.
 
-    ``net`` is a callable applied to each shard, or a list of callables, one per device.
+    ``net`` is a callable applied to each shard, or a list of callables, one per device;
+    a last batch smaller than the device count uses fewer devices.
     """
-    nets = net if isinstance(net, (list, tuple)) else [net] * len(devices)
-    metric = Accumulator(2)
-    for X, y in data_iter:
-        X_shards, y_shards = split_batch(X, y, devices)
-        metric.add(sum(accuracy(f(Xs), ys) for f, Xs, ys in zip(nets, X_shards, y_shards)),
-                   len(y))
-    return metric[0] / metric[1]
+    return evaluate_accuracy_with(split_batch, accuracy, net, data_iter, devices)
 
 
 def _flax():

@@ -16,7 +16,7 @@ from mxnet import gluon, nd  # noqa: E402
 from mxnet.gluon import nn  # noqa: E402
 
 from .config import num_simulated_devices  # noqa: E402
-from .utils import Accumulator, check_device_count, shard_slices  # noqa: E402
+from .utils import check_device_count, evaluate_accuracy_with, shard_slices  # noqa: E402
 
 FRAMEWORK = "mxnet"
 SIMULATED_NOTE = ("MXNet CPU contexts cpu(0), cpu(1), ... are distinct devices: arrays on "
@@ -73,26 +73,40 @@ def accuracy(y_hat, y) -> float:
 def evaluate_accuracy(net, data_iter, devices) -> float:
     """Accuracy over ``data_iter`` with every batch split across ``devices``.
 
-    ``net`` is a callable applied to each shard, or a list of callables, one per device.
+    ``net`` is a callable applied to each shard, or a list of callables, one per device;
+    a last batch smaller than the device count uses fewer devices.
     """
-    nets = net if isinstance(net, (list, tuple)) else [net] * len(devices)
-    metric = Accumulator(2)
-    for X, y in data_iter:
-        X_shards, y_shards = split_batch(X, y, devices)
-        correct = [accuracy(f(Xs), ys) for f, Xs, ys in zip(nets, X_shards, y_shards)]
-        metric.add(sum(correct), len(y))
-    return metric[0] / metric[1]
+    return evaluate_accuracy_with(split_batch, accuracy, net, data_iter, devices)
+
+
+def batch_norm(sync_bn_devices: int | None = None):
+    """A BatchNorm layer: per-device ``nn.BatchNorm``, or cross-device when asked.
+
+    ``sync_bn_devices=n`` gives ``gluon.contrib.nn.SyncBatchNorm(num_devices=n)``: in training
+    mode the n replicas exchange their per-channel moments at every forward and backward, so
+    all n shards are normalized with the statistics of the whole batch.  Every training-mode
+    forward must then run on exactly n shards (a barrier waits for all n), and the shards
+    should be equal in size (the n moments are averaged with equal weights).  The layer has
+    the same parameters as ``nn.BatchNorm`` (gamma, beta, running_mean, running_var), so a
+    checkpoint of either loads into the other.
+    """
+    if sync_bn_devices is None:
+        return nn.BatchNorm()
+    from mxnet.gluon.contrib.nn import SyncBatchNorm
+    if int(sync_bn_devices) < 1:
+        raise ValueError(f"sync_bn_devices must be >= 1, got {sync_bn_devices}")
+    return SyncBatchNorm(num_devices=int(sync_bn_devices))
 
 
 class Residual(nn.HybridBlock):
     """The residual block of ResNet (two 3x3 convolutions, optional 1x1 shortcut)."""
 
-    def __init__(self, channels, use_1x1conv=False, strides=1, **kwargs):
+    def __init__(self, channels, use_1x1conv=False, strides=1, sync_bn_devices=None, **kwargs):
         super().__init__(**kwargs)
         self.conv1 = nn.Conv2D(channels, 3, padding=1, strides=strides)
         self.conv2 = nn.Conv2D(channels, 3, padding=1)
         self.conv3 = nn.Conv2D(channels, 1, strides=strides) if use_1x1conv else None
-        self.bn1, self.bn2 = nn.BatchNorm(), nn.BatchNorm()
+        self.bn1, self.bn2 = batch_norm(sync_bn_devices), batch_norm(sync_bn_devices)
 
     def hybrid_forward(self, F, X):
         Y = F.relu(self.bn1(self.conv1(X)))
@@ -102,20 +116,25 @@ class Residual(nn.HybridBlock):
         return F.relu(Y + X)
 
 
-def resnet18(num_classes: int = 10, in_channels: int = 1, width: int = 64):
+def resnet18(num_classes: int = 10, in_channels: int = 1, width: int = 64,
+             sync_bn_devices: int | None = None):
     """The seeds' ResNet-18 variant for 28x28 inputs: a 3x3 stem, no max-pooling.
 
     ``width`` is the channel count of the first stage (64 in the seed); the stages have
     width, 2*width, 4*width, 8*width channels.  ``in_channels`` is inferred by Gluon.
+    ``sync_bn_devices=n`` replaces every BatchNorm by a cross-device
+    ``SyncBatchNorm(num_devices=n)`` (see :func:`batch_norm`); the default keeps Gluon's
+    per-device ``nn.BatchNorm``.
     """
     def stage(channels, first):
         blk = nn.HybridSequential()
-        blk.add(Residual(channels, use_1x1conv=not first, strides=1 if first else 2),
-                Residual(channels))
+        blk.add(Residual(channels, use_1x1conv=not first, strides=1 if first else 2,
+                         sync_bn_devices=sync_bn_devices),
+                Residual(channels, sync_bn_devices=sync_bn_devices))
         return blk
 
     net = nn.HybridSequential()
-    net.add(nn.Conv2D(width, kernel_size=3, strides=1, padding=1), nn.BatchNorm(),
+    net.add(nn.Conv2D(width, kernel_size=3, strides=1, padding=1), batch_norm(sync_bn_devices),
             nn.Activation("relu"))
     net.add(stage(width, True), stage(2 * width, False), stage(4 * width, False),
             stage(8 * width, False))

@@ -26,7 +26,7 @@ import numpy as np  # noqa: E402
 from paddle import nn  # noqa: E402
 
 from .config import num_simulated_devices  # noqa: E402
-from .utils import Accumulator, check_device_count, shard_slices  # noqa: E402
+from .utils import check_device_count, evaluate_accuracy_with, shard_slices  # noqa: E402
 
 FRAMEWORK = "paddle"
 SIMULATED_NOTE = ("Paddle has one CPU place (CPUPlace takes no index): the simulated devices "
@@ -87,18 +87,13 @@ def accuracy(y_hat, y) -> float:
 def evaluate_accuracy(net, data_iter, devices) -> float:
     """Accuracy over ``data_iter`` with every batch split across ``devices``.
 
-    ``net`` is a callable applied to each shard, or a list of callables, one per device.
+    ``net`` is a callable applied to each shard, or a list of callables, one per device;
+    a last batch smaller than the device count uses fewer devices.
     """
-    nets = net if isinstance(net, (list, tuple)) else [net] * len(devices)
-    for f in nets:
+    for f in (net if isinstance(net, (list, tuple)) else [net]):
         if isinstance(f, nn.Layer):
             f.eval()
-    metric = Accumulator(2)
-    for X, y in data_iter:
-        X_shards, y_shards = split_batch(X, y, devices)
-        metric.add(sum(accuracy(f(Xs), ys) for f, Xs, ys in zip(nets, X_shards, y_shards)),
-                   len(y))
-    return metric[0] / metric[1]
+    return evaluate_accuracy_with(split_batch, accuracy, net, data_iter, devices)
 
 
 class Residual(nn.Layer):

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from .config import num_simulated_devices
-from .utils import Accumulator, check_device_count, shard_slices
+from .utils import check_device_count, evaluate_accuracy_with, shard_slices
 
 FRAMEWORK = "torch"
 SIMULATED_NOTE = ("PyTorch has one CPU device: the simulated devices are stand-ins, "
@@ -74,18 +74,13 @@ def accuracy(y_hat, y) -> float:
 def evaluate_accuracy(net, data_iter, devices) -> float:
     """Accuracy over ``data_iter`` with every batch split across ``devices``.
 
-    ``net`` is a callable applied to each shard, or a list of callables, one per device.
+    ``net`` is a callable applied to each shard, or a list of callables, one per device;
+    a last batch smaller than the device count uses fewer devices.
     """
-    nets = net if isinstance(net, (list, tuple)) else [net] * len(devices)
-    for f in nets:
+    for f in (net if isinstance(net, (list, tuple)) else [net]):
         if isinstance(f, nn.Module):
             f.eval()
-    metric = Accumulator(2)
-    for X, y in data_iter:
-        X_shards, y_shards = split_batch(X, y, devices)
-        metric.add(sum(accuracy(f(Xs), ys) for f, Xs, ys in zip(nets, X_shards, y_shards)),
-                   len(y))
-    return metric[0] / metric[1]
+    return evaluate_accuracy_with(split_batch, accuracy, net, data_iter, devices)
 
 
 class Residual(nn.Module):
@@ -122,3 +117,105 @@ def resnet18(num_classes: int = 10, in_channels: int = 1, width: int = 64) -> nn
         stage(w, w, True), stage(w, 2 * w, False), stage(2 * w, 4 * w, False),
         stage(4 * w, 8 * w, False),
         nn.AdaptiveAvgPool2d((1, 1)), nn.Flatten(), nn.Linear(8 * w, num_classes))
+
+
+# --------------------------------------------------------------------------------------------
+# Cross-process BatchNorm that also runs on the CPU (gloo).
+#
+# nn.SyncBatchNorm is PyTorch's tool, but in torch 2.13 it refuses CPU inputs inside an
+# initialized process group (ValueError) and its kernels (torch.batch_norm_stats, ...) have
+# no CPU implementation.  The class below computes the statistics of the *global* batch with
+# two all-reduces; autograd differentiates through them because the all-reduce's backward is
+# again an all-reduce.  On GPUs use nn.SyncBatchNorm.convert_sync_batchnorm instead.
+# --------------------------------------------------------------------------------------------
+
+class _AllReduceSum(torch.autograd.Function):
+    """Sum a tensor over the ranks of ``group``; the gradient is summed over the ranks too.
+
+    Every rank receives S = sum_r x_r, and every rank's loss depends on S, so the gradient
+    with respect to x_r is the sum over ranks of dLoss_r'/dS: an all-reduce again.
+    """
+
+    @staticmethod
+    def forward(ctx, x, group):
+        import torch.distributed as dist
+        ctx.group = group
+        x = x.clone(memory_format=torch.contiguous_format)
+        dist.all_reduce(x, op=dist.ReduceOp.SUM, group=group)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        import torch.distributed as dist
+        grad = grad.clone(memory_format=torch.contiguous_format)
+        dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=ctx.group)
+        return grad, None
+
+
+class AllReduceBatchNorm2d(nn.BatchNorm2d):
+    """``BatchNorm2d`` whose training-mode statistics are those of the batch of *all* ranks.
+
+    Outside a process group (or with one rank, or in eval mode) it is exactly
+    ``nn.BatchNorm2d``.  In training mode every rank all-reduces the per-channel sum and
+    count (-> global mean), then the sum of squared deviations (-> global biased variance),
+    normalizes its own shard with them and updates the running statistics as ``BatchNorm2d``
+    does on the full batch (unbiased variance, ``momentum``).  Shards may differ in size.
+    """
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True,
+                 track_running_stats=True, process_group=None, device=None, dtype=None):
+        super().__init__(num_features, eps, momentum, affine, track_running_stats,
+                         device=device, dtype=dtype)
+        self.process_group = process_group
+
+    def _world_size(self) -> int:
+        import torch.distributed as dist
+        if not (dist.is_available() and dist.is_initialized()):
+            return 1
+        return dist.get_world_size(self.process_group)
+
+    def forward(self, x):
+        if not self.training or self._world_size() == 1:
+            return super().forward(x)
+        self._check_input_dim(x)
+        C, dims = x.shape[1], [0, 2, 3]
+        shape = (1, C, 1, 1)
+        local = torch.cat([x.sum(dims), x.new_full((1,), x.numel() // C)])
+        total = _AllReduceSum.apply(local, self.process_group)
+        n, mean = total[C], total[:C] / total[C]
+        xc = x - mean.view(shape)
+        var = _AllReduceSum.apply((xc * xc).sum(dims), self.process_group) / n
+        y = xc * torch.rsqrt(var + self.eps).view(shape)
+        if self.affine:
+            y = y * self.weight.view(shape) + self.bias.view(shape)
+        if self.track_running_stats:
+            with torch.no_grad():
+                self.num_batches_tracked.add_(1)
+                m = (1.0 / float(self.num_batches_tracked) if self.momentum is None
+                     else self.momentum)
+                self.running_mean.mul_(1 - m).add_(mean.detach(), alpha=m)
+                self.running_var.mul_(1 - m).add_(var.detach() * n / (n - 1), alpha=m)
+        return y
+
+
+def convert_allreduce_batchnorm(module: nn.Module, process_group=None) -> nn.Module:
+    """Replace every ``nn.BatchNorm2d`` in ``module`` by an :class:`AllReduceBatchNorm2d`
+    carrying the same parameters and running statistics (like
+    ``nn.SyncBatchNorm.convert_sync_batchnorm``, but usable on the CPU)."""
+    if isinstance(module, nn.BatchNorm2d) and not isinstance(module, AllReduceBatchNorm2d):
+        new = AllReduceBatchNorm2d(module.num_features, module.eps, module.momentum,
+                                   module.affine, module.track_running_stats, process_group)
+        with torch.no_grad():
+            if module.affine:
+                new.weight.copy_(module.weight)
+                new.bias.copy_(module.bias)
+            if module.track_running_stats:
+                new.running_mean.copy_(module.running_mean)
+                new.running_var.copy_(module.running_var)
+                new.num_batches_tracked.copy_(module.num_batches_tracked)
+        new.train(module.training)
+        tensors = list(module.parameters()) + list(module.buffers())
+        return new.to(tensors[0].device) if tensors else new
+    for name, child in module.named_children():
+        module.add_module(name, convert_allreduce_batchnorm(child, process_group))
+    return module

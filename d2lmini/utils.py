@@ -84,3 +84,22 @@ def check_device_count(requested: int, available: list, how_to_get_more: str) ->
             f"asked for {requested} devices but only {len(available)} exist "
             f"({', '.join(map(str, available))}). {how_to_get_more}")
     return list(available[:requested])
+
+
+def evaluate_accuracy_with(split_batch, accuracy, net, data_iter, devices) -> float:
+    """The evaluation loop every backend shares: accuracy with each batch split over devices.
+
+    ``net`` is a callable applied to each shard, or a list of callables, one per device.
+    A batch smaller than the device count (the last one of a test set) uses only the first
+    ``len(batch)`` devices: evaluation has no gradient to keep exact, so nothing is lost.
+    """
+    nets = list(net) if isinstance(net, (list, tuple)) else [net] * len(devices)
+    if len(nets) != len(devices):
+        raise ValueError(f"got {len(nets)} networks for {len(devices)} devices")
+    metric = Accumulator(2)
+    for X, y in data_iter:
+        use = min(len(devices), len(y))
+        X_shards, y_shards = split_batch(X, y, devices[:use])
+        metric.add(sum(accuracy(f(Xs), ys) for f, Xs, ys in zip(nets[:use], X_shards, y_shards)),
+                   len(y))
+    return metric[0] / metric[1]

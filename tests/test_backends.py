@@ -1,0 +1,131 @@
+"""The four backends behave the same: devices, split_batch (even, uneven, too small),
+accuracy over devices, the shared ResNet-18, and each framework's import-time arrangements.
+
+Each framework runs in its own interpreter (tests/_backend_probe.py), once per simulated
+device count, so JAX's device count is set the way a notebook sets it.
+"""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+FRAMEWORKS = ["mxnet", "torch", "jax", "paddle"]
+PROBE = Path(__file__).with_name("_backend_probe.py")
+
+
+def probe(fw, num_devices, extra_env=None):
+    env = dict(os.environ, D2LMINI_NUM_DEVICES=str(num_devices), CUDA_VISIBLE_DEVICES="")
+    env.update(extra_env or {})
+    r = subprocess.run([sys.executable, str(PROBE), fw], capture_output=True, text=True,
+                       env=env, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    line = [l for l in r.stdout.splitlines() if l.startswith("PROBE-JSON ")]
+    assert line, r.stdout + r.stderr
+    return json.loads(line[-1][len("PROBE-JSON "):])
+
+
+@pytest.fixture(scope="module", params=[(fw, k) for fw in FRAMEWORKS for k in (1, 3)],
+                ids=lambda p: f"{p[0]}-{p[1]}dev")
+def observed(request):
+    fw, k = request.param
+    return fw, k, probe(fw, k)
+
+
+def test_core_import_pulls_in_no_framework(observed):
+    assert observed[2]["core_imports_no_framework"]
+
+
+def test_devices_are_the_simulated_count(observed):
+    fw, k, o = observed
+    assert o["num_gpus"] == 0
+    assert o["num_devices"] == k
+    assert o["get_devices_1"] == 1
+    if fw in ("mxnet", "jax"):  # real distinct CPU devices
+        assert len(set(o["device_reprs"])) == k
+    else:  # documented stand-ins: the one CPU device repeated
+        assert len(set(o["device_reprs"])) == 1
+
+
+def test_asking_for_more_devices_than_exist_says_what_to_do(observed):
+    fw, k, o = observed
+    err = o["get_devices_too_many"]
+    assert err["type"] == "ValueError"
+    assert f"asked for {k + 1} devices but only {k} exist" in err["message"]
+    assert "D2LMINI_NUM_DEVICES" in err["message"]
+
+
+def test_split_batch_even_and_uneven(observed):
+    fw, k, o = observed
+    for n, s in o["splits"].items():
+        n = int(n)
+        assert sum(s["sizes"]) == n and len(s["sizes"]) == k
+        assert max(s["sizes"]) - min(s["sizes"]) <= 1
+        assert s["sizes"] == sorted(s["sizes"], reverse=True)  # the extra samples go first
+        assert s["X_roundtrip"] and s["y_roundtrip"]
+    assert all(o["placement"])
+
+
+def test_split_batch_rejects_bad_batches(observed):
+    fw, k, o = observed
+    if k > 1:
+        err = o["split_too_small"]
+        assert err["type"] == "ValueError" and "at least one sample" in err["message"]
+    assert o["split_mismatch"]["type"] == "ValueError"
+
+
+def test_evaluate_accuracy_splits_and_counts(observed):
+    # 23 samples, every 4th label wrong -> 6 wrong, 17 right; batches of 7 (uneven splits)
+    o = observed[2]
+    assert o["evaluate_accuracy"] == pytest.approx(17 / 23)
+    assert o["evaluate_accuracy_list"] == pytest.approx(17 / 23)
+
+
+def test_resnet18_variant_forward(observed):
+    assert observed[2]["resnet18_shape"] == [3, 10]
+
+
+def test_paddle_import_keeps_root_logger_level():
+    o = probe("paddle", 2)
+    assert o["root_logger_level"] == 30  # WARNING, as set before the import
+
+
+def test_jax_initialised_too_early_gives_a_clear_error(tmp_path):
+    script = tmp_path / "early.py"
+    script.write_text(
+        "import jax, jax.numpy as jnp\n"
+        "jnp.ones(1).block_until_ready()  # initialises JAX with 1 CPU device\n"
+        "from d2lmini import jax as d2l\n"
+        "try:\n"
+        "    d2l.try_all_gpus()\n"
+        "except RuntimeError as e:\n"
+        "    print('ERROR:', e)\n")
+    env = dict(os.environ, D2LMINI_NUM_DEVICES="3", CUDA_VISIBLE_DEVICES="")
+    env.pop("XLA_FLAGS", None)
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env,
+                       timeout=120)
+    assert "ERROR:" in r.stdout, r.stdout + r.stderr
+    assert "import d2lmini.jax before any JAX operation" in r.stdout
+
+
+def test_mxnet_runs_under_numpy2():
+    import numpy as np
+    assert int(np.__version__.split(".")[0]) >= 2
+    code = ("from d2lmini import mxnet as d2l\nfrom mxnet import nd, autograd\n"
+            "x = nd.array([1.0, 2.0, 3.0], ctx=d2l.try_all_gpus()[-1]); x.attach_grad()\n"
+            "with autograd.record():\n    y = (x * x).sum()\ny.backward()\n"
+            "print(x.grad.asnumpy().tolist())\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, D2LMINI_NUM_DEVICES="2"))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[2.0, 4.0, 6.0]"
+
+
+def test_invalid_device_count_is_rejected():
+    r = subprocess.run([sys.executable, "-c", "from d2lmini import torch as d2l; d2l.try_all_gpus()"],
+                       capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, D2LMINI_NUM_DEVICES="zero"))
+    assert r.returncode != 0
+    assert "D2LMINI_NUM_DEVICES must be a positive integer" in r.stderr

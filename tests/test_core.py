@@ -1,0 +1,237 @@
+"""The framework-neutral core: profiles, Accumulator, Timer, shard arithmetic, BatchIterator,
+all-reduce schedules, results records, the launcher, and the Animator (headless and in a kernel)."""
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import d2lmini
+from d2lmini import launch, results
+
+
+# --- configuration ----------------------------------------------------------------------
+def test_profiles_are_the_public_interface(monkeypatch):
+    assert set(d2lmini.PROFILES) == {"smoke", "cpu", "gpu"}
+    for name in d2lmini.PROFILES:
+        monkeypatch.setenv("D2LMINI_PROFILE", name)
+        assert d2lmini.get_profile().name == name
+    monkeypatch.setenv("D2LMINI_PROFILE", "fast")
+    with pytest.raises(ValueError, match="unknown profile 'fast'.*smoke, cpu, gpu"):
+        d2lmini.get_profile()
+
+
+def test_default_profile_follows_the_hardware(monkeypatch):
+    monkeypatch.delenv("D2LMINI_PROFILE", raising=False)
+    expected = "gpu" if d2lmini.host_has_gpu() else "cpu"
+    assert d2lmini.get_profile().name == expected
+
+
+def test_gpu_profile_keeps_the_seeds_hyperparameters():
+    g = d2lmini.PROFILES["gpu"]
+    assert (g.scratch.epochs, g.scratch.batch_size, g.scratch.lr) == (5, 256, 0.3)
+    assert (g.scratch.big_batch_size, g.scratch.big_lr) == (512, 0.6)
+    assert (g.concise.epochs, g.concise.batch_size, g.concise.lr, g.concise.width) == (10, 256, 0.1, 64)
+    assert (g.concise.big_batch_size, g.concise.big_lr) == (512, 0.2)
+    assert g.scratch.train_samples is None and g.concise.train_samples is None
+
+
+@pytest.mark.parametrize("raw,ok", [("1", True), ("4", True), ("0", False), ("-2", False), ("two", False)])
+def test_num_simulated_devices(monkeypatch, raw, ok):
+    monkeypatch.setenv("D2LMINI_NUM_DEVICES", raw)
+    if ok:
+        assert d2lmini.num_simulated_devices() == int(raw)
+    else:
+        with pytest.raises(ValueError, match="positive integer"):
+            d2lmini.num_simulated_devices()
+
+
+# --- Accumulator, Timer -------------------------------------------------------------------
+def test_accumulator():
+    acc = d2lmini.Accumulator(2)
+    acc.add(3, 10)
+    acc.add(np.float32(2.5), 5)
+    assert acc[0] == 5.5 and acc[1] == 15
+    with pytest.raises(ValueError):
+        acc.add(1)
+    acc.reset()
+    assert acc.data == [0.0, 0.0]
+
+
+def test_timer():
+    t = d2lmini.Timer()
+    with pytest.raises(RuntimeError):
+        t.stop()
+    for _ in range(3):
+        t.start()
+        time.sleep(0.01)
+        t.stop()
+    assert len(t.times) == 3 and t.avg() >= 0.009
+    assert t.sum() == pytest.approx(sum(t.times))
+    assert t.cumsum()[-1] == pytest.approx(t.sum())
+
+
+# --- splitting -------------------------------------------------------------------------------
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 7])
+def test_shard_slices_cover_the_batch_once(k):
+    for n in range(k, 40):
+        sl = d2lmini.shard_slices(n, k)
+        covered = np.concatenate([np.arange(n)[s] for s in sl])
+        assert np.array_equal(covered, np.arange(n))
+        sizes = [s.stop - s.start for s in sl]
+        assert max(sizes) - min(sizes) <= 1
+
+
+def test_shard_slices_too_small_batch():
+    with pytest.raises(ValueError, match="cannot split a batch of 2 sample\\(s\\) across 3 devices"):
+        d2lmini.shard_slices(2, 3)
+    with pytest.raises(ValueError):
+        d2lmini.shard_slices(5, 0)
+
+
+def test_uneven_shards_give_the_exact_gradient():
+    """Summed per-shard gradients / global n == the full-batch mean gradient (least squares)."""
+    rng = np.random.default_rng(0)
+    X, y, w = rng.normal(size=(11, 3)), rng.normal(size=11), rng.normal(size=3)
+    full = X.T @ (X @ w - y) / len(y)
+    for k in (2, 3, 4):
+        parts = [X[s].T @ (X[s] @ w - y[s]) for s in d2lmini.shard_slices(len(y), k)]
+        assert np.allclose(sum(parts) / len(y), full)
+        # averaging per shard instead is wrong for uneven shards:
+        means = [X[s].T @ (X[s] @ w - y[s]) / (s.stop - s.start) for s in d2lmini.shard_slices(len(y), k)]
+        assert not np.allclose(sum(means) / k, full)
+
+
+# --- BatchIterator -------------------------------------------------------------------------
+def test_batch_iterator_is_seeded_and_covers_each_epoch():
+    X, y = np.arange(50).reshape(25, 2), np.arange(25)
+    a = d2lmini.BatchIterator(X, y, 8, shuffle=True, seed=3)
+    b = d2lmini.BatchIterator(X, y, 8, shuffle=True, seed=3)
+    e0a, e0b = [yb.tolist() for _, yb in a], [yb.tolist() for _, yb in b]
+    assert e0a == e0b and len(e0a) == 4 and [len(v) for v in e0a] == [8, 8, 8, 1]
+    assert sorted(sum(e0a, [])) == list(range(25))
+    e1a = [yb.tolist() for _, yb in a]
+    assert e1a != e0a                      # a new order each epoch
+    b.set_epoch(1)
+    assert [yb.tolist() for _, yb in b] == e1a
+    for xb, yb in d2lmini.BatchIterator(X, y, 8, shuffle=True, seed=3):
+        assert np.array_equal(xb[:, 0] // 2, yb)   # samples stay with their labels
+
+
+def test_batch_iterator_options():
+    X, y = np.zeros((10, 1)), np.arange(10)
+    assert len(d2lmini.BatchIterator(X, y, 4)) == 3
+    assert len(d2lmini.BatchIterator(X, y, 4, drop_last=True)) == 2
+    assert [b.tolist() for _, b in d2lmini.BatchIterator(X, y, 4)][0] == [0, 1, 2, 3]
+    with pytest.raises(ValueError):
+        d2lmini.BatchIterator(X, y[:5], 4)
+    with pytest.raises(ValueError):
+        d2lmini.BatchIterator(X, y, 0)
+
+
+# --- all-reduce schedules -----------------------------------------------------------------
+@pytest.mark.parametrize("k", [2, 3, 4, 5, 8])
+def test_ring_schedule_computes_the_sum_and_its_traffic(k):
+    n = 1001
+    rng = np.random.default_rng(k)
+    bufs = [rng.normal(size=n) for _ in range(k)]
+    expected = sum(bufs)
+    chunks = d2lmini.chunk_slices(n, k)
+    for step in d2lmini.ring_schedule(k):
+        msgs = [(t, bufs[t.src][chunks[t.chunk]].copy()) for t in step]  # concurrent sends
+        for t, payload in msgs:
+            if t.op == "add":
+                bufs[t.dst][chunks[t.chunk]] += payload
+            else:
+                bufs[t.dst][chunks[t.chunk]] = payload
+    assert all(np.allclose(b, expected) for b in bufs)
+    ring = d2lmini.traffic(d2lmini.ring_schedule(k), n, k, itemsize=4)
+    assert sum(ring["sent"]) == 2 * (k - 1) * n * 4
+    assert max(ring["sent"]) - min(ring["sent"]) <= 2 * (k - 1) * 4
+    naive = d2lmini.traffic(d2lmini.naive_schedule(k), n, k, itemsize=4)
+    assert naive["sent"][0] + naive["received"][0] == 2 * (k - 1) * n * 4
+
+
+# --- results records ------------------------------------------------------------------------
+def test_record_result_replaces_matching_records(tmp_path):
+    p = tmp_path / "r.json"
+    key = dict(chapter="scratch", framework="torch", api="scratch", profile="cpu", batch_size=256)
+    results.record_result(p, devices=1, test_acc=0.5, **key)
+    results.record_result(p, devices=2, test_acc=0.6, **key)
+    results.record_result(p, devices=1, test_acc=0.7, **key)
+    recs = results.load_results(p)
+    assert sorted((r["devices"], r["test_acc"]) for r in recs) == [(1, 0.7), (2, 0.6)]
+    assert recs[0]["hardware"]["cpu_cores"] == os.cpu_count()
+    assert "numpy" in recs[0]["versions"]
+
+
+# --- launcher ---------------------------------------------------------------------------------
+def test_free_port_is_bindable():
+    port = launch.free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+
+
+def test_launch_failure_shows_the_error():
+    code = "import sys; print('rank 1 says hello'); sys.exit('rank 1: boom')"
+    with pytest.raises(launch.LaunchError) as e:
+        launch.run([sys.executable, "-c", code], timeout=60)
+    assert e.value.returncode == 1
+    assert "rank 1: boom" in str(e.value) and "rank 1 says hello" in e.value.log
+
+
+def test_launch_timeout_kills_the_whole_process_group(tmp_path):
+    pidfile = tmp_path / "child.pid"
+    code = ("import subprocess, sys, time\n"
+            f"c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])\n"
+            f"open({str(pidfile)!r}, 'w').write(str(c.pid))\n"
+            "time.sleep(300)\n")
+    t0 = time.perf_counter()
+    with pytest.raises(launch.LaunchError, match="did not finish within 3 s"):
+        launch.run([sys.executable, "-c", code], timeout=3)
+    assert time.perf_counter() - t0 < 30
+    child = int(pidfile.read_text())
+    time.sleep(0.2)
+    with open(f"/proc/{child}/stat") as f:  # gone, or a zombie awaiting its reaper
+        state = f.read().split()[2] if os.path.exists(f"/proc/{child}") else "Z"
+    assert state == "Z"
+
+
+def test_read_rank_results(tmp_path):
+    (tmp_path / "rank0.json").write_text(json.dumps({"rank": 0}))
+    with pytest.raises(FileNotFoundError, match="rank1.json"):
+        launch.read_rank_results(tmp_path, 2)
+    (tmp_path / "rank1.json").write_text(json.dumps({"rank": 1}))
+    assert [r["rank"] for r in launch.read_rank_results(tmp_path, 2)] == [0, 1]
+
+
+# --- Animator ---------------------------------------------------------------------------------
+def test_animator_headless_script(tmp_path):
+    code = ("import d2lmini\n"
+            "a = d2lmini.Animator(xlabel='epoch', legend=['train', 'test'], xlim=[1, 3])\n"
+            "for e in range(1, 4):\n    a.add(e, (1.0 / e, None if e == 2 else 0.5))\n"
+            f"a.savefig({str(tmp_path / 'f.png')!r})\n"
+            "print(a.X, a.Y)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={k: v for k, v in os.environ.items() if k != "DISPLAY"})
+    assert r.returncode == 0, r.stderr
+    assert "[[1.0, 2.0, 3.0], [1.0, 3.0]]" in r.stdout
+    assert (tmp_path / "f.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_animator_in_a_kernel_leaves_one_png():
+    import nbformat
+    from nbclient import NotebookClient
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(
+        "import d2lmini\na = d2lmini.Animator(legend=['acc'])\n"
+        "for e in range(5):\n    a.add(e, e / 10)")]
+    NotebookClient(nb, timeout=120, kernel_name="python3").execute()
+    outputs = nb.cells[0].outputs
+    assert len(outputs) == 1, outputs
+    data = outputs[0]["data"]
+    assert "image/png" in data and "image/svg+xml" not in data
