@@ -17,7 +17,7 @@ TEST_PROFILE ?= smoke
 venv: $(STAMP)
 
 # Three install steps, in this order (see requirements.txt for why).
-$(STAMP): requirements.txt requirements-mxnet.txt pyproject.toml
+$(STAMP): requirements.txt requirements-common.txt requirements-mxnet.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
 	$(PIP) install "$$(grep -E '^torch==' requirements.txt)" 2>&1 | grep -v "^WARNING: Location" || true
