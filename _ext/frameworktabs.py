@@ -1,0 +1,93 @@
+"""Sphinx extension: show one step of a chapter in four framework tabs, taken from the notebooks.
+
+Usage in a MyST page::
+
+    ```{framework-tabs} scratch allreduce
+    ```
+
+finds, in ``chapters/scratch/{mxnet,pytorch,jax,paddle}.ipynb``, the code cells tagged
+``step:allreduce`` (cell metadata ``tags``) and renders them as a sphinx-design tab-set, one
+tab per framework, synchronised across the page.  The code shown is therefore always the
+code that ran in the executed notebook.  A step missing from any notebook is a build error.
+
+``step_cells`` is also used by the tests (tests/test_steps.py).
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from docutils import nodes
+from docutils.statemachine import StringList
+from sphinx.util.docutils import SphinxDirective
+
+FRAMEWORKS = [("mxnet", "MXNet"), ("pytorch", "PyTorch"), ("jax", "JAX"), ("paddle", "Paddle")]
+TAG_PREFIX = "step:"
+HIDDEN_PREFIXES = ("# NBVAL_",)
+
+
+def step_tags(nb_path: Path) -> dict[str, list[str]]:
+    """``{step: [code of each tagged cell]}`` for one notebook (markers stripped)."""
+    nb = json.loads(Path(nb_path).read_text())
+    steps: dict[str, list[str]] = {}
+    for cell in nb["cells"]:
+        if cell["cell_type"] != "code":
+            continue
+        for tag in cell.get("metadata", {}).get("tags", []):
+            if tag.startswith(TAG_PREFIX):
+                src = "".join(cell["source"])
+                src = "\n".join(l for l in src.splitlines()
+                                if not l.lstrip().startswith(HIDDEN_PREFIXES))
+                steps.setdefault(tag[len(TAG_PREFIX):], []).append(src.strip("\n"))
+    return steps
+
+
+def step_cells(root: Path, chapter: str, step: str) -> dict[str, str]:
+    """The code of ``step`` in each framework's notebook of ``chapter``.
+
+    Raises ``LookupError`` naming every notebook that lacks it.
+    """
+    found, missing = {}, []
+    for key, _ in FRAMEWORKS:
+        nb = Path(root) / "chapters" / chapter / f"{key}.ipynb"
+        cells = step_tags(nb).get(step) if nb.is_file() else None
+        if not cells:
+            missing.append(str(nb.relative_to(root)))
+        else:
+            found[key] = "\n\n".join(cells)
+    if missing:
+        raise LookupError(f"step {step!r} is not tagged ('{TAG_PREFIX}{step}') in: "
+                          + ", ".join(missing))
+    return found
+
+
+class FrameworkTabs(SphinxDirective):
+    required_arguments = 2   # chapter, step
+    has_content = False
+
+    def run(self):
+        chapter, step = self.arguments
+        root = Path(self.env.srcdir)
+        try:
+            code = step_cells(root, chapter, step)
+        except LookupError as e:
+            raise self.error(str(e))
+        here = Path(self.env.doc2path(self.env.docname)).parent
+        lines = ["::::::{tab-set}", ":sync-group: framework", ""]
+        for key, label in FRAMEWORKS:
+            nb = root / "chapters" / chapter / f"{key}.ipynb"
+            self.env.note_dependency(str(nb))
+            link = os.path.relpath(nb, here)
+            lines += [f":::::{{tab-item}} {label}", f":sync: {key}", "",
+                      "````python", *code[key].splitlines(), "````", "",
+                      f"<small>From [the {label} notebook]({link}).</small>", "", ":::::", ""]
+        lines.append("::::::")
+        container = nodes.container(classes=["framework-tabs"])
+        self.state.nested_parse(StringList(lines), 0, container)
+        return container.children
+
+
+def setup(app):
+    app.add_directive("framework-tabs", FrameworkTabs)
+    return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}

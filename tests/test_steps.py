@@ -1,0 +1,72 @@
+"""Side-by-side code cannot drift: every step a page shows in framework tabs is tagged in all
+four notebooks of its chapter, and the four notebooks of a chapter tag the same steps."""
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "_ext"))
+from frameworktabs import FRAMEWORKS, step_cells, step_tags  # noqa: E402
+
+DIRECTIVE = re.compile(r"```\{framework-tabs\}\s+(\S+)\s+(\S+)")
+
+
+def pages():
+    for p in sorted(ROOT.glob("chapters/**/*.md")) + [ROOT / "intro.md"]:
+        yield p, p.read_text()
+    for p in sorted(ROOT.glob("chapters/**/*.ipynb")):
+        nb = json.loads(p.read_text())
+        yield p, "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+
+
+def referenced_steps():
+    return sorted({(m.group(1), m.group(2), str(p.relative_to(ROOT)))
+                   for p, text in pages() for m in DIRECTIVE.finditer(text)})
+
+
+def chapters_with_notebooks():
+    return sorted({p.parent.name for p in ROOT.glob("chapters/*/*.ipynb")})
+
+
+@pytest.mark.parametrize("chapter,step,page", referenced_steps())
+def test_referenced_step_is_tagged_in_every_framework(chapter, step, page):
+    code = step_cells(ROOT, chapter, step)
+    assert set(code) == {k for k, _ in FRAMEWORKS}
+    assert all(c.strip() for c in code.values())
+
+
+@pytest.mark.parametrize("chapter", chapters_with_notebooks())
+def test_the_four_notebooks_tag_the_same_steps(chapter):
+    tags = {k: set(step_tags(ROOT / "chapters" / chapter / f"{k}.ipynb"))
+            for k, _ in FRAMEWORKS if (ROOT / "chapters" / chapter / f"{k}.ipynb").is_file()}
+    union = set().union(*tags.values())
+    missing = {k: sorted(union - v) for k, v in tags.items() if union - v}
+    assert not missing, f"steps tagged in some notebooks of {chapter} but not in: {missing}"
+
+
+def test_a_missing_step_is_an_error_that_names_the_notebook(tmp_path):
+    d = tmp_path / "chapters" / "demo"
+    d.mkdir(parents=True)
+    for key, _ in FRAMEWORKS:
+        tags = ["step:split"] if key != "jax" else []
+        nb = {"cells": [{"cell_type": "code", "metadata": {"tags": tags}, "outputs": [],
+                         "source": ["# NBVAL_IGNORE_OUTPUT\n", f"split_{key}()\n"]}],
+              "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+        (d / f"{key}.ipynb").write_text(json.dumps(nb))
+    with pytest.raises(LookupError, match=r"'split' is not tagged .* chapters/demo/jax.ipynb"):
+        step_cells(tmp_path, "demo", "split")
+    (d / "jax.ipynb").unlink()
+    with pytest.raises(LookupError, match="jax.ipynb"):
+        step_cells(tmp_path, "demo", "split")
+
+
+def test_markers_are_stripped_from_shown_code(tmp_path):
+    nb = {"cells": [{"cell_type": "code", "metadata": {"tags": ["step:x"]}, "outputs": [],
+                     "source": ["# NBVAL_IGNORE_OUTPUT\n", "y = 1\n"]}],
+          "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    p = tmp_path / "n.ipynb"
+    p.write_text(json.dumps(nb))
+    assert step_tags(p) == {"x": ["y = 1"]}
