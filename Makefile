@@ -12,7 +12,7 @@ STAMP  := $(VENV)/.installed
 # Notebooks run under the smoke profile in the tests (each <= 90 s on 2 cores).
 TEST_PROFILE ?= smoke
 
-.PHONY: book test venv data notebooks clean
+.PHONY: book test venv data browser notebooks clean
 
 venv: $(STAMP)
 
@@ -37,11 +37,19 @@ data: $(STAMP)
 	  fi; \
 	  $(PY) -m d2lmini data; }
 
+# Debian's Chromium for the browser test (a browser a test tool downloads itself is not used).
+browser:
+	@command -v chromium >/dev/null || { \
+	  if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+	    apt-get install -y -q chromium >/dev/null 2>&1 || \
+	    { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1; }; \
+	  fi; command -v chromium >/dev/null || echo "warning: no chromium; the browser test will be skipped (fails under CI)"; }
+
 book: data
 	$(VENV)/bin/jupyter-book build . --warningiserror --nitpick --keep-going
 	@test -f _build/html/index.html && echo "book: $$(pwd)/_build/html/index.html"
 
-test: data
+test: data browser
 	D2LMINI_PROFILE=$(TEST_PROFILE) $(PY) -m pytest
 
 # Re-execute every notebook in place under the current profile (default: cpu without GPUs),

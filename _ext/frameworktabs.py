@@ -85,7 +85,7 @@ class FrameworkTabs(SphinxDirective):
         lines.append("::::::")
         container = nodes.container(classes=["framework-tabs"])
         self.state.nested_parse(StringList(lines), 0, container)
-        return container.children
+        return [container]
 
 
 def setup(app):
