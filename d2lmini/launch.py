@@ -22,7 +22,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["LaunchError", "LaunchResult", "free_port", "run", "read_rank_results", "python"]
+__all__ = ["LaunchError", "LaunchResult", "free_port", "run", "run_all", "read_rank_results",
+           "python"]
 
 
 def python() -> str:
@@ -90,6 +91,60 @@ def run(cmd: list[str], timeout: float, env: dict | None = None, cwd: str | None
             f"{' '.join(cmd[:4])} ... failed with exit code {proc.returncode} after "
             f"{seconds:.1f} s. Last output:\n{_tail(out)}", out, proc.returncode)
     return LaunchResult(proc.returncode, out, seconds)
+
+
+def run_all(cmds: list[list[str]], timeout: float, envs: list[dict] | None = None,
+            cwd: str | None = None) -> list[LaunchResult]:
+    """Run several commands at once -- e.g. one launcher per "node" -- and wait for all.
+
+    Fail fast: as soon as one exits non-zero, the others are killed (a peer waiting for it
+    in a rendezvous or collective would otherwise wait for its own timeout), and
+    :class:`LaunchError` reports which command failed with the tail of its output.  On the
+    overall ``timeout`` every process group is killed.
+    """
+    import tempfile
+    import time
+    envs = envs or [{}] * len(cmds)
+    logs = [tempfile.TemporaryFile(mode="w+") for _ in cmds]
+    procs = []
+    t0 = time.perf_counter()
+    try:
+        for cmd, env, log in zip(cmds, envs, logs):
+            full_env = dict(os.environ)
+            full_env.update({k: str(v) for k, v in env.items()})
+            full_env.setdefault("PYTHONUNBUFFERED", "1")
+            procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True,
+                                          env=full_env, cwd=cwd, start_new_session=True))
+        failed = None
+        while True:
+            codes = [p.poll() for p in procs]
+            failed = next((i for i, c in enumerate(codes) if c not in (None, 0)), None)
+            if failed is not None or all(c == 0 for c in codes):
+                break
+            if time.perf_counter() - t0 > timeout:
+                break
+            time.sleep(0.1)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                _kill_group(p)
+                p.wait()
+    outs = []
+    for log in logs:
+        log.seek(0)
+        outs.append(log.read())
+        log.close()
+    seconds = time.perf_counter() - t0
+    if failed is not None:
+        raise LaunchError(
+            f"command {failed} ({' '.join(cmds[failed][:4])} ...) failed with exit code "
+            f"{procs[failed].returncode} after {seconds:.1f} s; the others were stopped. "
+            f"Its last output:\n{_tail(outs[failed])}", "\n".join(outs), procs[failed].returncode)
+    if any(p.returncode != 0 for p in procs):
+        raise LaunchError(f"{len(cmds)} commands did not all finish within {timeout:.0f} s and "
+                          f"were killed. Last output of the first:\n{_tail(outs[0])}",
+                          "\n".join(outs), None)
+    return [LaunchResult(p.returncode, o, seconds) for p, o in zip(procs, outs)]
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
