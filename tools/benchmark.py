@@ -1,0 +1,193 @@
+"""Time data-parallel training steps per framework, implementation and device count.
+
+    .venv/bin/python tools/benchmark.py                       # everything; writes benchmarks/results.json
+    .venv/bin/python tools/benchmark.py --frameworks jax --devices 1,2 --repeats 3
+
+What is timed is the code the book shows: a worker process executes a chapter notebook's own
+code cells, except its long training runs (under the smoke profile, so that part is quick),
+and then times the functions those cells defined, with ``D2LMINI_NUM_DEVICES`` set to the device
+count (on a GPU machine the real GPUs are used instead).
+
+Implementations (``--impls``):
+  seed      the from-scratch chapter's ``train_batch`` with its naive ``allreduce``: per-batch
+            host-to-device copies and the sum on device 0 -- the seed tutorial's loop
+  ring      the same ``train_batch`` with the chapter's hand-written ``ring_allreduce``
+  concise   the concise chapter's framework tool, in one process (see CONCISE below)
+
+For every (framework, implementation, devices): ``--warmup`` untimed steps (compilation,
+allocation), then ``--repeats`` timed runs of ``--steps`` steps each on the same global batch
+size; the results file records the median and spread (min, max) of the per-step time,
+samples/s, and the overhead ratio t(k devices) / t(1 device).  It also records the hardware
+(CPU model and cores, or GPU names) and the package versions.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import inspect
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK = {"mxnet": "mxnet", "torch": "pytorch", "jax": "jax", "paddle": "paddle"}
+SCRATCH_SKIP = ("## Training",)   # the notebook's own long runs
+
+
+# ---------------------------------------------------------------- worker side -----------
+def exec_notebook(path: Path, skip: tuple[str, ...] = ()) -> dict:
+    """Execute a notebook's code cells in order, skipping the sections whose ``## `` heading
+    is in ``skip`` (e.g. the long training runs); return the namespace.  Output is swallowed."""
+    nb = json.loads(path.read_text())
+    ns: dict = {"__name__": "__notebook__"}
+    sink, skipping = io.StringIO(), False
+    for cell in nb["cells"]:
+        src = "".join(cell["source"])
+        if cell["cell_type"] == "markdown":
+            heading = next((l.strip() for l in src.splitlines() if l.startswith("## ")), None)
+            if heading is not None:
+                skipping = heading in skip
+        elif cell["cell_type"] == "code" and not skipping:
+            with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+                exec(compile(src, path.name, "exec"), ns)
+    return ns
+
+
+def scratch_step(ns: dict, impl: str, devices, lr: float):
+    """One training step of the from-scratch chapter, with the naive or the ring all-reduce."""
+    train_batch, init_params, get_params = ns["train_batch"], ns["init_params"], ns["get_params"]
+    reduce = ns["allreduce"] if impl == "seed" else ns["ring_allreduce"]
+    state = {"params": [get_params(init_params(0), d) for d in devices]}
+    takes_reduce = "reduce" in inspect.signature(train_batch).parameters
+    if not takes_reduce:
+        ns["allreduce"] = reduce     # train_batch looks the global name up at call time
+
+    def step(X, y):
+        kwargs = {"reduce": reduce} if takes_reduce else {}
+        out = train_batch(X, y, state["params"], devices, lr, **kwargs)
+        if out is not None:          # JAX returns the new replicas; the others update in place
+            state["params"] = out
+    return step
+
+
+def worker(args) -> dict:
+    os.environ["D2LMINI_PROFILE"] = "smoke"   # the notebook prefix: small data, quick
+    import numpy as np
+    import d2lmini
+    fw = args.framework
+    d2l = __import__(f"d2lmini.{fw}", fromlist=["x"])
+    devices = d2l.get_devices(args.devices)
+    data = d2lmini.load_fashion_mnist(train_samples=args.batch * 4, test_samples=10)
+    batches = [(data.X_train[i * args.batch:(i + 1) * args.batch],
+                data.y_train[i * args.batch:(i + 1) * args.batch]) for i in range(4)]
+    if args.impl in ("seed", "ring"):
+        ns = exec_notebook(ROOT / "chapters" / "scratch" / f"{NOTEBOOK[fw]}.ipynb",
+                           skip=SCRATCH_SKIP)
+        step = scratch_step(ns, args.impl, devices, lr=0.1)
+    else:
+        step = concise_step(fw, devices, args)
+    i = 0
+
+    def run(n):
+        nonlocal i
+        for _ in range(n):
+            step(*batches[i % len(batches)])
+            i += 1
+        d2l.synchronize(devices)
+
+    run(args.warmup)
+    times = []
+    for _ in range(args.repeats):
+        t0 = time.perf_counter()
+        run(args.steps)
+        times.append((time.perf_counter() - t0) / args.steps)
+    return {"framework": fw, "impl": args.impl, "devices": len(devices),
+            "device_kind": "gpu" if d2l.num_gpus() else "simulated-cpu",
+            "batch_size": args.batch, "step_times": times}
+
+
+def concise_step(fw, devices, args):
+    raise NotImplementedError(f"the concise implementation of {fw} is not benchmarked yet")
+
+
+# ---------------------------------------------------------------- driver side ------------
+def run_worker(fw, impl, k, args) -> dict:
+    cmd = [sys.executable, __file__, "--worker", "--framework", fw, "--impl", impl,
+           "--devices", str(k), "--batch", str(args.batch), "--steps", str(args.steps),
+           "--warmup", str(args.warmup), "--repeats", str(args.repeats)]
+    env = dict(os.environ, D2LMINI_NUM_DEVICES=str(k), PYTHONUNBUFFERED="1")
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
+    lines = [l for l in r.stdout.splitlines() if l.startswith("BENCH-JSON ")]
+    if r.returncode != 0 or not lines:
+        raise RuntimeError(f"{fw}/{impl}/{k} failed:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}")
+    return json.loads(lines[-1][len("BENCH-JSON "):])
+
+
+def summarise(rec: dict) -> dict:
+    t = rec.pop("step_times")
+    med = statistics.median(t)
+    rec.update(step_s_median=med, step_s_min=min(t), step_s_max=max(t), repeats=len(t),
+               samples_per_s=rec["batch_size"] / med)
+    return rec
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="Benchmark data-parallel training steps.")
+    ap.add_argument("--frameworks", default="mxnet,torch,jax,paddle")
+    ap.add_argument("--impls", default="seed,ring,concise")
+    ap.add_argument("--devices", default="1,2,4")
+    ap.add_argument("--batch", type=int, default=256, help="global batch size")
+    ap.add_argument("--steps", type=int, default=10, help="steps per timed repeat")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--timeout", type=int, default=900, help="seconds per worker")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results.json"))
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--framework", help=argparse.SUPPRESS)
+    ap.add_argument("--impl", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        args.devices = int(args.devices)
+        print("BENCH-JSON " + json.dumps(worker(args)), flush=True)
+        return 0
+
+    sys.path.insert(0, str(ROOT))
+    from d2lmini.results import hardware_info, versions
+    records, failures = [], []
+    for fw in args.frameworks.split(","):
+        for impl in args.impls.split(","):
+            base = None
+            for k in map(int, args.devices.split(",")):
+                try:
+                    rec = summarise(run_worker(fw, impl, k, args))
+                except (RuntimeError, subprocess.TimeoutExpired) as e:
+                    failures.append({"framework": fw, "impl": impl, "devices": k,
+                                     "error": str(e).splitlines()[-1][:300]})
+                    print(f"{fw:7s} {impl:8s} k={k}: FAILED ({failures[-1]['error']})", flush=True)
+                    continue
+                if rec["devices"] == 1:
+                    base = rec["step_s_median"]
+                rec["overhead_vs_1"] = rec["step_s_median"] / base if base else None
+                records.append(rec)
+                print(f"{fw:7s} {impl:8s} k={k}: {1e3 * rec['step_s_median']:8.1f} ms/step "
+                      f"[{1e3 * rec['step_s_min']:.1f}, {1e3 * rec['step_s_max']:.1f}]  "
+                      f"{rec['samples_per_s']:8.0f} samples/s  overhead "
+                      + (f"x{rec['overhead_vs_1']:.2f}" if rec["overhead_vs_1"] else "n/a"),
+                      flush=True)
+    out = {"settings": {k: getattr(args, k) for k in ("batch", "steps", "warmup", "repeats")},
+           "hardware": hardware_info(), "versions": versions(),
+           "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+           "results": records, "failures": failures}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    print(f"wrote {args.out}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
