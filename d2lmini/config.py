@@ -53,9 +53,13 @@ PROFILES: dict[str, Profile] = {
     "smoke": Profile(
         name="smoke",
         description="regression tests: small data, 1 epoch (numbers are not meaningful)",
+        # LeNet starts from the seed's N(0, 0.01^2) weights and sits on a loss plateau at
+        # ln 10 for ~300 steps; no smoke-sized run leaves it.  Smoke therefore only checks
+        # that evaluation yields a valid accuracy -- the proof cells check correctness, and
+        # the cpu profile checks that training really learns.
         scratch=TrainHP(train_samples=6000, test_samples=2000, epochs=1,
                         batch_size=128, lr=0.5, big_batch_size=256, big_lr=0.9,
-                        min_test_acc=0.2),
+                        min_test_acc=0.05),
         concise=TrainHP(train_samples=512, test_samples=256, epochs=1,
                         batch_size=64, lr=0.05, big_batch_size=128, big_lr=0.1,
                         width=8, min_test_acc=0.15),
@@ -63,8 +67,10 @@ PROFILES: dict[str, Profile] = {
     "cpu": Profile(
         name="cpu",
         description="default without GPUs: the book's stored outputs, <= 10 min a notebook",
-        scratch=TrainHP(train_samples=None, test_samples=None, epochs=3,
-                        batch_size=256, lr=0.5, big_batch_size=512, big_lr=0.9,
+        # enough steps to leave LeNet's initial plateau (~300 steps at lr 0.5; a larger
+        # rate such as 0.9 escapes later) in every run, including the larger-batch one
+        scratch=TrainHP(train_samples=None, test_samples=None, epochs=4,
+                        batch_size=256, lr=0.5, big_batch_size=512, big_lr=0.6,
                         min_test_acc=0.6),
         concise=TrainHP(train_samples=6000, test_samples=2000, epochs=2,
                         batch_size=128, lr=0.05, big_batch_size=256, big_lr=0.1,
