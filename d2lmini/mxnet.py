@@ -88,7 +88,13 @@ def batch_norm(sync_bn_devices: int | None = None):
     forward must then run on exactly n shards (a barrier waits for all n), and the shards
     should be equal in size (the n moments are averaged with equal weights).  The layer has
     the same parameters as ``nn.BatchNorm`` (gamma, beta, running_mean, running_var), so a
-    checkpoint of either loads into the other.
+    checkpoint of either loads into the other.  Its operator is float32 only.
+
+    Meant for GPUs.  On CPU contexts (MXNet 1.9.1) a single layer computes the right numbers,
+    but a network of them deadlocks in the engine: all CPU contexts share one small pool of
+    temporary-space resources (``MXNET_CPU_TEMP_COPY``), so an operator of one shard can be
+    queued behind an operator of another shard that waits at the barrier.  See the concise
+    chapter's MXNet notebook; run such a model only in a subprocess with a timeout.
     """
     if sync_bn_devices is None:
         return nn.BatchNorm()

@@ -4,7 +4,9 @@ Devices: ``CUDAPlace(i)`` when Paddle sees GPUs.  ``CPUPlace()`` takes no index 
 has one CPU place -- so without GPUs ``try_all_gpus()`` returns ``D2LMINI_NUM_DEVICES``
 *stand-ins*: ``CPUPlace()`` repeated; each entry holds its own tensors in the same memory.
 Real multi-process data parallelism on the CPU uses ``paddle.distributed`` with the gloo
-backend (concise chapter).
+backend (concise chapter), which also uses :class:`AllReduceBatchNorm2D` (cross-device
+BatchNorm on CPUs, where ``nn.SyncBatchNorm`` has no kernel) and :func:`run_launch`
+(``paddle.distributed.launch`` with every rank's log in the error).
 
 ``import paddle`` sets the root logger to INFO (which makes other libraries, JAX among them,
 print timestamped INFO lines); this module puts the previous level back.
@@ -17,6 +19,10 @@ import warnings
 # Paddle warns at import that the ccache compiler cache is missing; it only matters for
 # building C++ extensions, which this book never does.
 warnings.filterwarnings("ignore", message="No ccache found", category=UserWarning)
+# BatchNorm layers warn at every training-mode call that they "always track global mean and
+# variance" (a note about an old API change, not about this code).
+warnings.filterwarnings("ignore", message="When training, we now always track global mean",
+                        category=UserWarning)
 _root_level = logging.getLogger().level
 import paddle  # noqa: E402
 
@@ -114,19 +120,155 @@ class Residual(nn.Layer):
         return nn.functional.relu(Y + X)
 
 
-def resnet18(num_classes: int = 10, in_channels: int = 1, width: int = 64) -> nn.Layer:
+def resnet18(num_classes: int = 10, in_channels: int = 1, width: int = 64,
+             sync_bn: bool = False) -> nn.Layer:
     """The seeds' ResNet-18 variant for 28x28 inputs: a 3x3 stem, no max-pooling.
 
     ``width`` is the channel count of the first stage (64 in the seed); the stages have
-    width, 2*width, 4*width, 8*width channels.
+    width, 2*width, 4*width, 8*width channels.  ``sync_bn=True`` gives cross-device
+    BatchNorm (see :func:`sync_batchnorm`); the parameter names do not change.
     """
     def stage(cin, cout, first):
         return nn.Sequential(Residual(cin, cout, use_1x1conv=not first, strides=1 if first else 2),
                              Residual(cout, cout))
 
     w = width
-    return nn.Sequential(
+    net = nn.Sequential(
         nn.Conv2D(in_channels, w, kernel_size=3, stride=1, padding=1), nn.BatchNorm2D(w), nn.ReLU(),
         stage(w, w, True), stage(w, 2 * w, False), stage(2 * w, 4 * w, False),
         stage(4 * w, 8 * w, False),
         nn.AdaptiveAvgPool2D((1, 1)), nn.Flatten(), nn.Linear(8 * w, num_classes))
+    return sync_batchnorm(net) if sync_bn else net
+
+
+# --------------------------------------------------------------------------------------------
+# Cross-device BatchNorm that runs on the CPU.
+# Paddle's tool is nn.SyncBatchNorm (convert_sync_batchnorm), but in Paddle 3.3.1 its kernel
+# ``sync_batch_norm`` has no CPU implementation: on a CPU it fails with "The kernel
+# `sync_batch_norm` is not registered".  The layer below computes the statistics of the
+# *global* batch with two all-reduces; autograd differentiates through them because the
+# all-reduce's backward is again an all-reduce.  On GPUs use nn.SyncBatchNorm instead.
+# --------------------------------------------------------------------------------------------
+
+def _world_size() -> int:
+    import paddle.distributed as dist
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+class _AllReduceSum(paddle.autograd.PyLayer):
+    """Sum a tensor over all ranks; its gradient is summed over all ranks too.
+
+    Every rank receives S = sum_r x_r and every rank's loss depends on S, so the gradient of
+    the total loss with respect to x_r is the sum over ranks of dLoss_r'/dS: an all-reduce.
+    """
+
+    @staticmethod
+    def forward(ctx, x):
+        import paddle.distributed as dist
+        x = x.clone()
+        dist.all_reduce(x, op=dist.ReduceOp.SUM)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        import paddle.distributed as dist
+        grad = grad.clone()
+        dist.all_reduce(grad, op=dist.ReduceOp.SUM)
+        return grad
+
+
+class AllReduceBatchNorm2D(nn.BatchNorm2D):
+    """``BatchNorm2D`` whose training-mode statistics are those of the batch of *all* ranks.
+
+    Outside an initialized process group (one process), or in eval mode, it is exactly
+    ``nn.BatchNorm2D``.  In training mode every rank all-reduces the per-channel sums and the
+    element count (-> global mean), then the per-channel sums of squared deviations
+    (-> global biased variance), normalizes its own shard with them and updates the running
+    statistics as ``BatchNorm2D`` does on the full batch (Paddle's convention:
+    ``running = momentum * running + (1 - momentum) * batch``, biased variance).  Its
+    parameters (running statistics included) have the names of ``BatchNorm2D``'s, so state
+    dicts are interchangeable.  Shards may differ in size.
+    """
+
+    def forward(self, x):
+        if not self.training or _world_size() == 1:
+            return super().forward(x)
+        N, C, H, W = x.shape
+        axes, shape = [0, 2, 3], [1, C, 1, 1]
+        # Statistics in float64: in our measurements Paddle's float32 sum over the N*H*W
+        # elements of a channel was off by up to ~1e-4 (relative), far more than the error of
+        # BatchNorm2D's own kernel, which accumulates more carefully.
+        x64 = x.astype("float64")
+        count = paddle.full([1], N * H * W, dtype="float64")
+        total = _AllReduceSum.apply(paddle.concat([x64.sum(axis=axes), count]))
+        n = total[C]
+        mean = total[:C] / n
+        xc = x64 - mean.reshape(shape)
+        var = _AllReduceSum.apply((xc * xc).sum(axis=axes)) / n
+        y = (xc * paddle.rsqrt(var + self._epsilon).reshape(shape)).astype(x.dtype)
+        mean, var = mean.astype(x.dtype), var.astype(x.dtype)
+        if self.weight is not None:
+            y = y * self.weight.reshape(shape) + self.bias.reshape(shape)
+        with paddle.no_grad():
+            m = self._momentum
+            self._mean.set_value(m * self._mean + (1 - m) * mean.detach())
+            self._variance.set_value(m * self._variance + (1 - m) * var.detach())
+        return y
+
+
+def convert_allreduce_batchnorm(layer: nn.Layer) -> nn.Layer:
+    """Replace every ``nn.BatchNorm2D`` in ``layer`` by an :class:`AllReduceBatchNorm2D`
+    holding the same parameters and running statistics (what
+    ``nn.SyncBatchNorm.convert_sync_batchnorm`` does, but usable on the CPU)."""
+    if isinstance(layer, nn.BatchNorm2D) and not isinstance(layer, AllReduceBatchNorm2D):
+        new = AllReduceBatchNorm2D(layer._num_features, momentum=layer._momentum,
+                                   epsilon=layer._epsilon)
+        new.set_state_dict(layer.state_dict())
+        new.train() if layer.training else new.eval()
+        return new
+    for name, child in layer.named_children():
+        setattr(layer, name, convert_allreduce_batchnorm(child))
+    return layer
+
+
+def sync_batchnorm(layer: nn.Layer) -> nn.Layer:
+    """Cross-device BatchNorm for ``layer``: ``nn.SyncBatchNorm`` where Paddle has its kernel
+    (CUDA), :class:`AllReduceBatchNorm2D` on the CPU."""
+    if num_gpus():
+        return nn.SyncBatchNorm.convert_sync_batchnorm(layer)
+    return convert_allreduce_batchnorm(layer)
+
+
+# --------------------------------------------------------------------------------------------
+# Launching with ``python -m paddle.distributed.launch``
+# --------------------------------------------------------------------------------------------
+
+def worker_logs(log_dir) -> dict[str, str]:
+    """The log of every rank started by ``paddle.distributed.launch --log_dir log_dir``
+    (files ``workerlog.0``, ``workerlog.1``, ...), by file name; {} if there are none."""
+    from pathlib import Path
+    d = Path(log_dir)
+    def rank(p):
+        return int(p.suffix[1:]) if p.suffix[1:].isdigit() else -1
+    return {p.name: p.read_text(errors="replace") for p in sorted(d.glob("workerlog.*"), key=rank)}
+
+
+def run_launch(cmd: list[str], *, log_dir, timeout: float, env: dict | None = None,
+               cwd: str | None = None, tail: int = 30):
+    """:func:`d2lmini.launch.run` for a ``paddle.distributed.launch`` command.
+
+    The launcher's own output shows the tail of only the *first* rank it saw fail, and that
+    may be a rank that merely lost its peer.  On failure the :class:`LaunchError` raised here
+    also carries the last ``tail`` lines of every rank's log from ``log_dir``, so the rank
+    that raised first is always visible.
+    """
+    from .launch import LaunchError, run
+    try:
+        return run(cmd, timeout=timeout, env=env, cwd=cwd)
+    except LaunchError as e:
+        logs = worker_logs(log_dir)
+        parts = [f"----- {name}: last {tail} lines -----\n"
+                 + "\n".join(text.splitlines()[-tail:]) for name, text in logs.items()]
+        extra = "\n".join(parts) if parts else f"(no worker logs in {log_dir})"
+        full = e.log + "".join(f"\n===== {name} =====\n{text}" for name, text in logs.items())
+        raise LaunchError(f"{e}\n{extra}", full, e.returncode) from None

@@ -203,8 +203,11 @@ def convert_allreduce_batchnorm(module: nn.Module, process_group=None) -> nn.Mod
     carrying the same parameters and running statistics (like
     ``nn.SyncBatchNorm.convert_sync_batchnorm``, but usable on the CPU)."""
     if isinstance(module, nn.BatchNorm2d) and not isinstance(module, AllReduceBatchNorm2d):
+        tensors = list(module.parameters()) + list(module.buffers())
+        like = {"device": tensors[0].device, "dtype": tensors[0].dtype} if tensors else {}
         new = AllReduceBatchNorm2d(module.num_features, module.eps, module.momentum,
-                                   module.affine, module.track_running_stats, process_group)
+                                   module.affine, module.track_running_stats, process_group,
+                                   **like)
         with torch.no_grad():
             if module.affine:
                 new.weight.copy_(module.weight)
@@ -214,8 +217,35 @@ def convert_allreduce_batchnorm(module: nn.Module, process_group=None) -> nn.Mod
                 new.running_var.copy_(module.running_var)
                 new.num_batches_tracked.copy_(module.num_batches_tracked)
         new.train(module.training)
-        tensors = list(module.parameters()) + list(module.buffers())
-        return new.to(tensors[0].device) if tensors else new
+        return new
     for name, child in module.named_children():
         module.add_module(name, convert_allreduce_batchnorm(child, process_group))
     return module
+
+
+@torch.no_grad()
+def recalibrate_batchnorm(net: nn.Module, batches, device=None) -> int:
+    """Re-estimate the running statistics of every BatchNorm layer with the current weights.
+
+    During training the running statistics are an exponential average (``momentum``) of the
+    statistics of past batches, computed with past weights; after a few steps they describe a
+    network that no longer exists.  This resets them, runs ``batches`` (pairs ``(X, y)``;
+    ``y`` is ignored) forward in training mode without gradients, and keeps the plain average
+    of their batch statistics ("precise BatchNorm").  Returns the number of batches used.
+    Cross-process BatchNorm layers (``nn.SyncBatchNorm``, :class:`AllReduceBatchNorm2d`)
+    recalibrate on the batches of all ranks, so every rank must pass the same number.
+    """
+    bns = [m for m in net.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    momenta, was_training = [m.momentum for m in bns], net.training
+    for m in bns:
+        m.reset_running_stats()
+        m.momentum = None                 # cumulative average instead of exponential
+    net.train()
+    count = 0
+    for X, _ in batches:
+        net(torch.as_tensor(X).to(device) if device is not None else torch.as_tensor(X))
+        count += 1
+    for m, momentum in zip(bns, momenta):
+        m.momentum = momentum
+    net.train(was_training)
+    return count

@@ -1,0 +1,331 @@
+"""Data-parallel training of the ResNet-18 variant with DistributedDataParallel (DDP).
+
+One process ("rank") per device.  The same file is launched in two ways:
+
+    python -m torch.distributed.run --nproc_per_node 2 --master_port PORT ddp_train.py --out DIR
+    python ddp_train.py --launcher spawn --nprocs 2 --master-port PORT --out DIR
+
+Backend: ``nccl`` with one GPU per rank when the node has enough GPUs, else ``gloo`` (ranks
+sharing GPUs, or on the CPU).  Hyper-parameters default to the profile's (``--profile`` or
+``$D2LMINI_PROFILE``, ``P.concise``); arguments override them, so one file serves the smoke,
+cpu and gpu profiles.
+
+Every rank writes ``DIR/rank{r}.json`` (losses, accuracies, epoch times, a checksum of its
+parameters); rank 0 also writes ``DIR/checkpoint.pt`` (CPU tensors, no device baked in) and
+the predictions of the trained model on the first test images.
+``--proof FILE`` runs the BatchNorm proof of the notebook instead of training.
+
+Fault injection (tests): ``D2LMINI_FAIL_RANK=r`` makes rank r raise at training step
+``$D2LMINI_FAIL_STEP`` (default 0), or stop responding there with ``D2LMINI_FAIL_MODE=hang``.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+from torch.distributed.elastic.multiprocessing.errors import record
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+import d2lmini
+from d2lmini import torch as d2l
+
+
+# ------------------------------------------------------------------------ process group
+def setup(timeout_s: float) -> torch.device:
+    """Join the process group described by the environment (RANK, WORLD_SIZE, MASTER_*)."""
+    local_rank = int(os.environ["LOCAL_RANK"])
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus >= local_world:               # one GPU per rank: NCCL
+        device, backend = torch.device("cuda", local_rank), "nccl"
+    elif gpus > 0:                        # ranks share GPUs: NCCL refuses that, gloo does not
+        device, backend = torch.device("cuda", local_rank % gpus), "gloo"
+    else:                                 # no GPU: every rank computes on the CPU
+        device, backend = torch.device("cpu"), "gloo"
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    # A crashed peer closes its connections and gloo raises at once; the timeout covers a
+    # peer that is alive but never joins the collective: the others raise after it (NCCL
+    # aborts its communicator) instead of waiting forever.
+    dist.init_process_group(backend, init_method="env://",
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    return device
+
+
+def cross_rank_batchnorm(net: nn.Module, device: torch.device) -> nn.Module:
+    """BatchNorm over the batch of all ranks: PyTorch's SyncBatchNorm on GPUs; on the CPU,
+    where SyncBatchNorm refuses to run, the all-reduce version of d2lmini.torch."""
+    if device.type == "cuda":
+        return nn.SyncBatchNorm.convert_sync_batchnorm(net)
+    return d2l.convert_allreduce_batchnorm(net)
+
+
+def checksum(tensors) -> str:
+    """SHA-256 of the bytes of the tensors: equal iff every element is bit-identical."""
+    h = hashlib.sha256()
+    for t in tensors:
+        h.update(t.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def maybe_fail(rank: int, step: int) -> None:
+    """Fault injection: D2LMINI_FAIL_RANK=r, D2LMINI_FAIL_STEP=s (default 0) and
+    D2LMINI_FAIL_MODE=raise (default: rank r raises) or hang (rank r stops responding)."""
+    if os.environ.get("D2LMINI_FAIL_RANK") != str(rank) or \
+            step != int(os.environ.get("D2LMINI_FAIL_STEP", "0")):
+        return
+    if os.environ.get("D2LMINI_FAIL_MODE", "raise") == "hang":
+        print(f"rank {rank} hangs at step {step} (D2LMINI_FAIL_MODE=hang)", flush=True)
+        time.sleep(24 * 3600)
+    raise RuntimeError(f"injected failure on rank {rank} at step {step} "
+                       f"(D2LMINI_FAIL_RANK={rank})")
+
+
+# ------------------------------------------------------------------------ evaluation
+def calibrate_batchnorm(net: nn.Module, loader, num_batches: int, device) -> None:
+    """Give every rank the same, fresh BatchNorm running statistics before evaluating.
+
+    With per-rank BatchNorm each rank's running statistics come from its own shards (DDP
+    copies rank 0's into the others at the start of every forward, then each rank updates
+    them with its own batch), so they differ across ranks after training.  Each rank
+    re-estimates them on its first ``num_batches`` batches with the final weights, then
+    all-reduces average them over the ranks.  (Cross-rank BatchNorm layers compute global
+    statistics, identical on all ranks, already; the average then changes nothing.)
+    """
+    if num_batches > 0:
+        batches = (b for _, b in zip(range(num_batches), loader))
+        d2l.recalibrate_batchnorm(net, batches, device)
+    world = dist.get_world_size()
+    for b in net.buffers():
+        if b.is_floating_point():
+            dist.all_reduce(b, op=dist.ReduceOp.SUM)
+            b.div_(world)
+
+
+@torch.no_grad()
+def evaluate(net: nn.Module, X, y, device, batch_size: int = 256) -> float:
+    """Test accuracy with the test set split across all ranks, exactly once each.
+
+    Rank r evaluates the contiguous shard r (sizes differ by at most one: no padding, no
+    duplicates, unlike DistributedSampler); one all-reduce sums the counts.  ``net`` is the
+    bare module (``model.module``): the DDP wrapper's forward may broadcast buffers, a
+    collective that evaluation does not need.
+    """
+    rank, world = dist.get_rank(), dist.get_world_size()
+    shard = d2lmini.shard_slices(len(y), world)[rank]
+    net.eval()
+    counts = torch.zeros(2, dtype=torch.float64, device=device)  # correct, seen
+    for Xb, yb in d2lmini.BatchIterator(X[shard], y[shard], batch_size):
+        Xb, yb = torch.from_numpy(Xb).to(device), torch.from_numpy(yb).to(device)
+        counts[0] += (net(Xb).argmax(dim=1) == yb).sum()
+        counts[1] += len(yb)
+    dist.all_reduce(counts, op=dist.ReduceOp.SUM)
+    return float(counts[0] / counts[1])
+
+
+# ------------------------------------------------------------------------ training
+def train(args, device: torch.device) -> dict:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    data = d2lmini.load_fashion_mnist(args.train_samples or None, args.test_samples or None)
+    train_set = TensorDataset(torch.from_numpy(data.X_train), torch.from_numpy(data.y_train))
+    # Each rank draws a disjoint 1/world of every epoch's permutation (the same permutation
+    # on every rank: it is seeded by seed + epoch, hence set_epoch below).
+    sampler = DistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True,
+                                 seed=args.seed)
+    per_rank = args.batch_size // world
+    if per_rank < 1:
+        raise ValueError(f"global batch {args.batch_size} < {world} ranks")
+    loader = DataLoader(train_set, batch_size=per_rank, sampler=sampler)
+
+    torch.manual_seed(args.seed)              # the same initial weights on every rank
+    net = d2l.resnet18(num_classes=10, width=args.width)
+    if args.bn == "sync":
+        net = cross_rank_batchnorm(net, device)
+    net = net.to(device)
+    # DDP broadcasts rank 0's parameters and buffers now, and all-reduces (averages) the
+    # gradients bucket by bucket during backward().
+    model = DDP(net, device_ids=[device.index] if device.type == "cuda" else None)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+    loss_fn = nn.CrossEntropyLoss()           # mean over the rank's shard
+
+    log = {k: [] for k in ("epoch_s", "train_loss", "train_acc", "test_acc",
+                           "epoch_param_sha256")}
+    timer, step = d2lmini.Timer(), 0
+    for epoch in range(args.epochs):
+        sampler.set_epoch(epoch)              # else every epoch repeats epoch 0's order
+        model.train()
+        totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, n
+        d2l.synchronize([device])
+        timer.start()
+        for X, y in loader:
+            maybe_fail(rank, step)
+            X, y = X.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            optimizer.zero_grad(set_to_none=True)
+            y_hat = model(X)
+            loss = loss_fn(y_hat, y)
+            loss.backward()                   # gradients averaged over the ranks here
+            optimizer.step()                  # identical update on every rank
+            with torch.no_grad():
+                totals += torch.stack([loss.double() * len(y),
+                                       (y_hat.argmax(dim=1) == y).sum().double(),
+                                       torch.tensor(float(len(y)), device=device,
+                                                    dtype=torch.float64)])
+            step += 1
+        d2l.synchronize([device])
+        log["epoch_s"].append(timer.stop())
+        dist.all_reduce(totals, op=dist.ReduceOp.SUM)
+        log["train_loss"].append(float(totals[0] / totals[2]))
+        log["train_acc"].append(float(totals[1] / totals[2]))
+        log["epoch_param_sha256"].append(checksum(model.module.parameters()))
+        trained_buffers = checksum(model.module.buffers())
+        calibrate_batchnorm(model.module, loader, args.bn_batches, device)
+        log["test_acc"].append(evaluate(model.module, data.X_test, data.y_test, device))
+        if rank == 0:
+            print(f"epoch {epoch + 1}: loss {log['train_loss'][-1]:.3f}, train acc "
+                  f"{log['train_acc'][-1]:.3f}, test acc {log['test_acc'][-1]:.3f}, "
+                  f"{log['epoch_s'][-1]:.1f} s", flush=True)
+
+    result = dict(log, steps=step, samples_per_epoch=int(totals[2]),
+                  trained_buffer_sha256=trained_buffers,
+                  per_rank_batch=per_rank, global_batch=per_rank * world,
+                  param_sha256=checksum(model.module.parameters()),
+                  buffer_sha256=checksum(model.module.buffers()))
+    if rank == 0:
+        # One checkpoint, from rank 0 (all ranks hold the same parameters), as CPU tensors
+        # of the bare module: no "module." prefix, no device ids baked in.
+        state = {k: v.detach().cpu() for k, v in model.module.state_dict().items()}
+        torch.save({"state_dict": state, "width": args.width, "num_classes": 10},
+                   Path(args.out) / "checkpoint.pt")
+        with torch.no_grad():
+            model.module.eval()
+            X0 = torch.from_numpy(data.X_test[:args.predict]).to(device)
+            logits = model.module(X0).cpu()
+        result["logits"] = logits.tolist()
+        result["predictions"] = logits.argmax(dim=1).tolist()
+    return result
+
+
+# ------------------------------------------------------------------------ BatchNorm proof
+def proof(args, device: torch.device) -> dict:
+    """A few SGD steps from given weights on given batches, with per-rank and with
+    cross-rank BatchNorm; each rank saves its final state for the notebook to compare."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.backends.cudnn.allow_tf32 = False   # exact float32 arithmetic on GPUs
+    torch.backends.cuda.matmul.allow_tf32 = False
+    blob = torch.load(args.proof, weights_only=True)
+    X, y, n = blob["X"], blob["y"], blob["X"].shape[1]
+    shard = d2lmini.shard_slices(n, world)[rank]
+    loss_fn = nn.CrossEntropyLoss(reduction="sum")
+    for bn, dtype in blob["variants"]:       # e.g. ("local", "float64")
+        net = d2l.resnet18(num_classes=10, width=blob["width"])
+        net.load_state_dict(blob["state_dict"])
+        net = net.to(getattr(torch, dtype))
+        if bn == "sync":
+            net = cross_rank_batchnorm(net, device)
+        model = DDP(net.to(device), device_ids=[device.index] if device.type == "cuda" else None)
+        optimizer = torch.optim.SGD(model.parameters(), lr=blob["lr"])  # no momentum
+        model.train()
+        for s in range(X.shape[0]):
+            optimizer.zero_grad(set_to_none=True)
+            out = model(X[s, shard].to(device, getattr(torch, dtype)))
+            # DDP divides the summed gradient by `world`: scaling the shard's summed loss
+            # by world / n makes the update that of the mean loss over all n samples, even
+            # when the shards differ in size.
+            loss = loss_fn(out, y[s, shard].to(device)) * world / n
+            loss.backward()
+            optimizer.step()
+        state = {k: v.detach().cpu() for k, v in model.module.state_dict().items()}
+        torch.save(state, Path(args.out) / f"proof_{bn}_{dtype}_rank{rank}.pt")
+    return {"steps": int(X.shape[0]), "shard_size": shard.stop - shard.start}
+
+
+# ------------------------------------------------------------------------ entry points
+def run_rank(args) -> None:
+    """The work of one rank; RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT are set."""
+    device = setup(args.timeout)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    try:
+        result = proof(args, device) if args.proof else train(args, device)
+        result.update(rank=rank, world_size=world, backend=dist.get_backend(),
+                      device_type=device.type, launcher=args.launcher,
+                      threads=torch.get_num_threads(),
+                      omp_num_threads=os.environ.get("OMP_NUM_THREADS"))
+        path = Path(args.out) / f"rank{rank}.json"
+        path.write_text(json.dumps(result))
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn_worker(local_rank: int, nprocs: int, args) -> None:
+    """Entry point of a process started by torch.multiprocessing.spawn (defined at the top
+    level of a file, so that the fresh interpreter of each rank can import it)."""
+    os.environ.update(RANK=str(local_rank), LOCAL_RANK=str(local_rank),
+                      WORLD_SIZE=str(nprocs), LOCAL_WORLD_SIZE=str(nprocs))
+    run_rank(args)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--profile", default=None, help="smoke | cpu | gpu (default: "
+                   "$D2LMINI_PROFILE, else by hardware); supplies the defaults below")
+    p.add_argument("--epochs", type=int)
+    p.add_argument("--batch-size", type=int, help="global batch (split over the ranks)")
+    p.add_argument("--lr", type=float)
+    p.add_argument("--width", type=int, help="channels of ResNet-18's first stage")
+    p.add_argument("--train-samples", type=int, help="0: all 60,000")
+    p.add_argument("--test-samples", type=int, help="0: all 10,000")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--bn", choices=["local", "sync"], default="local",
+                   help="per-rank BatchNorm statistics, or cross-rank (SyncBatchNorm)")
+    p.add_argument("--bn-batches", type=int, default=10, help="batches per rank to "
+                   "re-estimate the BatchNorm statistics on before each evaluation (0: keep)")
+    p.add_argument("--predict", type=int, default=64, help="rank 0 saves the predictions "
+                   "of the trained model on this many test images")
+    p.add_argument("--proof", default=None, help="run the BatchNorm proof on this file")
+    p.add_argument("--out", required=True, help="directory for rank{r}.json, checkpoint.pt")
+    p.add_argument("--timeout", type=float, default=120.0, help="collective timeout (s)")
+    p.add_argument("--launcher", choices=["torchrun", "spawn"], default="torchrun",
+                   help="torchrun: the environment comes from torchrun; spawn: start "
+                   "--nprocs ranks here with torch.multiprocessing.spawn")
+    p.add_argument("--nprocs", type=int, default=2, help="ranks to spawn (spawn only)")
+    p.add_argument("--master-port", type=int, default=29500, help="(spawn only)")
+    args = p.parse_args(argv)
+    hp = d2lmini.get_profile(args.profile).concise
+    for name in ("epochs", "batch_size", "lr", "width", "train_samples", "test_samples"):
+        if getattr(args, name) is None:
+            setattr(args, name, getattr(hp, name))
+    return args
+
+
+@record  # under torchrun: a rank's traceback goes into the launcher's error summary
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    if args.launcher == "torchrun":
+        if "RANK" not in os.environ:
+            sys.exit("ddp_train.py: RANK is not set; start it with torchrun "
+                     "(python -m torch.distributed.run ...) or with --launcher spawn")
+        run_rank(args)
+        return
+    # torch.multiprocessing.spawn: this process only starts the ranks and waits for them.
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ["MASTER_PORT"] = str(args.master_port)
+    if args.nprocs > 1:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")  # what torchrun does
+    # join=True: if a rank fails, spawn terminates the others and re-raises its error here.
+    mp.spawn(spawn_worker, args=(args.nprocs, args), nprocs=args.nprocs, join=True)
+
+
+if __name__ == "__main__":
+    main()
