@@ -66,14 +66,17 @@ def record_result(path, *, chapter: str, framework: str, api: str, devices: int,
            "profile": profile, "batch_size": int(batch_size), **measured,
            "hardware": hardware_info(), "versions": versions(),
            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+    import fcntl
     p = Path(path)
-    records = load_results(p)
-    records = [r for r in records if tuple(r.get(k) for k in KEY) != tuple(rec[k] for k in KEY)]
-    records.append(rec)
     p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_suffix(p.suffix + ".tmp")
-    tmp.write_text(json.dumps(records, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, p)
+    with open(p.with_suffix(p.suffix + ".lock"), "w") as lock:  # notebooks may run at once
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        records = load_results(p)
+        records = [r for r in records if tuple(r.get(k) for k in KEY) != tuple(rec[k] for k in KEY)]
+        records.append(rec)
+        tmp = p.with_suffix(p.suffix + ".tmp")
+        tmp.write_text(json.dumps(records, indent=1, sort_keys=True) + "\n")
+        os.replace(tmp, p)
     return rec
 
 

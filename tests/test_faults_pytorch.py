@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import errno
 import socket
-import tempfile
 import time
 from pathlib import Path
 
