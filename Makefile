@@ -12,7 +12,7 @@ STAMP  := $(VENV)/.installed
 # Notebooks run under the smoke profile in the tests (each <= 90 s on 2 cores).
 TEST_PROFILE ?= smoke
 
-.PHONY: book test venv data browser notebooks clean
+.PHONY: book test venv data browser notebooks benchmark clean
 
 venv: $(STAMP)
 
@@ -56,6 +56,10 @@ test: data browser
 # refreshing the outputs stored in the repository.
 notebooks: data
 	$(PY) tools/execute_notebooks.py chapters
+
+# Time the scratch and concise implementations on 1, 2 and 4 devices -> benchmarks/results.json
+benchmark: data
+	$(PY) tools/benchmark.py
 
 clean:
 	rm -rf _build

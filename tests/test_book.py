@@ -45,3 +45,21 @@ def test_book_needs_nothing_from_the_network(built_book):
     for page in html.rglob("*.html"):
         text = page.read_text(errors="replace")
         assert not re.search(r'<(script|link)[^>]+(src|href)="https?://', text), page
+
+
+def test_every_notebook_carries_its_executed_outputs():
+    """The book renders stored outputs and nbval compares against them, so each notebook must
+    hold the outputs of one complete top-to-bottom run: every code cell executed, in order."""
+    problems = []
+    for f in toc_files():
+        src = ROOT / f"{f}.ipynb"
+        if not src.is_file():
+            continue
+        code = [c for c in json.loads(src.read_text())["cells"] if c["cell_type"] == "code"]
+        counts = [c.get("execution_count") for c in code]
+        if counts != list(range(1, len(code) + 1)):
+            problems.append(f"{f}: execution counts {counts[:5]}... are not 1..{len(code)} "
+                            f"(re-run: python tools/execute_notebooks.py {f}.ipynb)")
+        elif not any(c.get("outputs") for c in code):
+            problems.append(f"{f}: no stored outputs")
+    assert not problems, "\n".join(problems)

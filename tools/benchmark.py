@@ -12,7 +12,12 @@ Implementations (``--impls``):
   seed      the from-scratch chapter's ``train_batch`` with its naive ``allreduce``: per-batch
             host-to-device copies and the sum on device 0 -- the seed tutorial's loop
   ring      the same ``train_batch`` with the chapter's hand-written ``ring_allreduce``
-  concise   the concise chapter's framework tool, in one process (see CONCISE below)
+  concise   the concise chapter's own tool on its ResNet-18 variant (``--width``):
+            MXNet ``gluon.Trainer`` over the context list and JAX ``jit`` + ``NamedSharding``
+            (in the worker process, timed per step like the above); PyTorch DDP launched by
+            ``torchrun`` and ``paddle.DataParallel`` launched by ``paddle.distributed.launch``
+            (k processes, also for k = 1), timed by the chapter's training script itself:
+            one warm-up epoch, then ``--repeats`` epochs of ``--concise-steps`` steps each.
 
 For every (framework, implementation, devices): ``--warmup`` untimed steps (compilation,
 allocation), then ``--repeats`` timed runs of ``--steps`` steps each on the same global batch
@@ -40,16 +45,21 @@ SCRATCH_SKIP = ("## Training",)   # the notebook's own long runs
 
 
 # ---------------------------------------------------------------- worker side -----------
-def exec_notebook(path: Path, skip: tuple[str, ...] = ()) -> dict:
-    """Execute a notebook's code cells in order, skipping the sections whose ``## `` heading
-    is in ``skip`` (e.g. the long training runs); return the namespace.  Output is swallowed."""
+def exec_notebook(path: Path, skip: tuple[str, ...] = (), stop: str | None = None) -> dict:
+    """Execute a notebook's code cells in order, from the notebook's own directory, skipping
+    the sections whose ``## `` heading is in ``skip`` (e.g. the long training runs) and
+    everything from the heading ``stop`` on; return the namespace.  Output is swallowed."""
     nb = json.loads(path.read_text())
     ns: dict = {"__name__": "__notebook__"}
     sink, skipping = io.StringIO(), False
+    os.chdir(path.parent)
+    sys.path.insert(0, str(path.parent))
     for cell in nb["cells"]:
         src = "".join(cell["source"])
         if cell["cell_type"] == "markdown":
             heading = next((l.strip() for l in src.splitlines() if l.startswith("## ")), None)
+            if heading is not None and heading == stop:
+                break
             if heading is not None:
                 skipping = heading in skip
         elif cell["cell_type"] == "code" and not skipping:
@@ -85,12 +95,20 @@ def worker(args) -> dict:
     data = d2lmini.load_fashion_mnist(train_samples=args.batch * 4, test_samples=10)
     batches = [(data.X_train[i * args.batch:(i + 1) * args.batch],
                 data.y_train[i * args.batch:(i + 1) * args.batch]) for i in range(4)]
+    result = {"framework": fw, "impl": args.impl, "devices": len(devices),
+              "device_kind": "gpu" if d2l.num_gpus() else "simulated-cpu",
+              "batch_size": args.batch}
     if args.impl in ("seed", "ring"):
         ns = exec_notebook(ROOT / "chapters" / "scratch" / f"{NOTEBOOK[fw]}.ipynb",
                            skip=SCRATCH_SKIP)
         step = scratch_step(ns, args.impl, devices, lr=0.1)
+        result["model"] = "LeNet"
     else:
-        step = concise_step(fw, devices, args)
+        result.update(model=f"ResNet-18, width {args.width}", api=CONCISE_API[fw])
+        if fw in LAUNCHED:
+            return dict(result, step_times=LAUNCHED[fw](devices, args))
+        step = CONCISE_STEP[fw](devices, args)
+        args.steps = args.concise_steps
     i = 0
 
     def run(n):
@@ -106,21 +124,96 @@ def worker(args) -> dict:
         t0 = time.perf_counter()
         run(args.steps)
         times.append((time.perf_counter() - t0) / args.steps)
-    return {"framework": fw, "impl": args.impl, "devices": len(devices),
-            "device_kind": "gpu" if d2l.num_gpus() else "simulated-cpu",
-            "batch_size": args.batch, "step_times": times}
+    return dict(result, step_times=times)
 
 
-def concise_step(fw, devices, args):
-    raise NotImplementedError(f"the concise implementation of {fw} is not benchmarked yet")
+def concise_notebook(fw: str, stop: str) -> dict:
+    return exec_notebook(ROOT / "chapters" / "concise" / f"{NOTEBOOK[fw]}.ipynb", stop=stop)
+
+
+def mxnet_concise_step(devices, args):
+    """The chapter's ``train_step``: ``split_and_load``-style shards, ``gluon.Trainer``."""
+    ns = concise_notebook("mxnet", stop="## The Proof: k Devices Equal One Device")
+    from mxnet import gluon
+    net = ns["replicate"](ns["init_checkpoint"](args.width), devices, args.width)
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": CONCISE_LR},
+                            kvstore="device")
+    return lambda X, y: ns["train_step"](net, trainer, X, y, devices)
+
+
+def jax_concise_step(devices, args):
+    """The chapter's jitted ``train_step`` on a ``Mesh``: replicated state, sharded batch."""
+    ns = concise_notebook("jax", stop="## The Proof: k Devices Equal One Device")
+    import jax
+    import jax.numpy as jnp
+    d2l = ns["d2l"]
+    ns["net"] = net = d2l.resnet18(num_classes=10, width=args.width)   # train_step's global
+    variables = jax.jit(net.init)(jax.random.key(0, impl="rbg"), jnp.zeros((1, 1, 28, 28)))
+    mesh = ns["make_mesh"](len(devices))
+    state = {"s": ns["replicate"](ns["init_state"](variables, CONCISE_LR), mesh)}
+
+    def step(X, y):
+        state["s"], _ = ns["train_step"](state["s"], *ns["shard"](X, y, mesh))
+    return step
+
+
+def launched_epoch_times(cmd_and_read, devices, args) -> list[float]:
+    """Per-step times from the epoch times the ranks record; epoch 1 is the warm-up."""
+    epochs = 1 + args.repeats
+    samples = args.batch * args.concise_steps
+    per_rank_epochs = cmd_and_read(len(devices), epochs, samples, args)
+    slowest = [max(e) for e in zip(*per_rank_epochs)]           # the slowest rank, per epoch
+    return [t / args.concise_steps for t in slowest[1:]]
+
+
+def torch_launched(devices, args):
+    """``ddp_train.py`` under ``torchrun`` (the chapter's ``run_script``)."""
+    import tempfile
+    ns = concise_notebook("torch", stop="## Splitting and Sampling the Data")
+
+    def go(k, epochs, samples, args):
+        out = tempfile.mkdtemp(prefix="bench-torch-")
+        ns["run_script"](k, "torchrun", [
+            "--epochs", epochs, "--batch-size", args.batch, "--lr", CONCISE_LR,
+            "--width", args.width, "--train-samples", samples, "--test-samples", 64,
+            "--bn-batches", 0, "--predict", 1, "--out", out], timeout=args.timeout)
+        return [r["epoch_s"] for r in ns["launch"].read_rank_results(out, k)]
+    return launched_epoch_times(go, devices, args)
+
+
+def paddle_launched(devices, args):
+    """``paddle_train.py`` under ``paddle.distributed.launch`` (the chapter's ``launch_cmd``)."""
+    import tempfile
+    ns = concise_notebook("paddle", stop="## Splitting and Sampling the Data")
+
+    def go(k, epochs, samples, args):
+        out = tempfile.mkdtemp(prefix="bench-paddle-")
+        cmd, _ = ns["launch_cmd"](k, out, "--epochs", str(epochs), "--batch_size",
+                                  str(args.batch), "--lr", str(CONCISE_LR), "--width",
+                                  str(args.width), "--train_samples", str(samples),
+                                  "--test_samples", "64")
+        ns["d2l"].run_launch(cmd, log_dir=os.path.join(out, "logs"), timeout=args.timeout)
+        return [r["epoch_seconds"] for r in ns["launch"].read_rank_results(out, k)]
+    return launched_epoch_times(go, devices, args)
+
+
+CONCISE_LR = 0.05
+CONCISE_API = {"mxnet": "gluon.Trainer, kvstore='device'", "jax": "jit + NamedSharding",
+               "torch": "DistributedDataParallel, torchrun",
+               "paddle": "paddle.DataParallel, paddle.distributed.launch"}
+CONCISE_STEP = {"mxnet": mxnet_concise_step, "jax": jax_concise_step}
+LAUNCHED = {"torch": torch_launched, "paddle": paddle_launched}
 
 
 # ---------------------------------------------------------------- driver side ------------
 def run_worker(fw, impl, k, args) -> dict:
     cmd = [sys.executable, __file__, "--worker", "--framework", fw, "--impl", impl,
            "--devices", str(k), "--batch", str(args.batch), "--steps", str(args.steps),
-           "--warmup", str(args.warmup), "--repeats", str(args.repeats)]
-    env = dict(os.environ, D2LMINI_NUM_DEVICES=str(k), PYTHONUNBUFFERED="1")
+           "--warmup", str(args.warmup), "--repeats", str(args.repeats),
+           "--concise-steps", str(args.concise_steps), "--width", str(args.width),
+           "--timeout", str(args.timeout)]
+    # the chapters' setup cells expect at least two (simulated) devices; k of them are used
+    env = dict(os.environ, D2LMINI_NUM_DEVICES=str(max(k, 2)), PYTHONUNBUFFERED="1")
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
     lines = [l for l in r.stdout.splitlines() if l.startswith("BENCH-JSON ")]
     if r.returncode != 0 or not lines:
@@ -145,6 +238,9 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=10, help="steps per timed repeat")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--concise-steps", type=int, default=4,
+                    help="steps per timed repeat of the concise (ResNet-18) implementation")
+    ap.add_argument("--width", type=int, default=16, help="ResNet-18 width (concise)")
     ap.add_argument("--timeout", type=int, default=900, help="seconds per worker")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results.json"))
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -179,7 +275,8 @@ def main(argv=None):
                       f"{rec['samples_per_s']:8.0f} samples/s  overhead "
                       + (f"x{rec['overhead_vs_1']:.2f}" if rec["overhead_vs_1"] else "n/a"),
                       flush=True)
-    out = {"settings": {k: getattr(args, k) for k in ("batch", "steps", "warmup", "repeats")},
+    out = {"settings": {k: getattr(args, k) for k in ("batch", "steps", "warmup", "repeats",
+                                                       "concise_steps", "width")},
            "hardware": hardware_info(), "versions": versions(),
            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "results": records, "failures": failures}
