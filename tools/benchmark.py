@@ -243,6 +243,9 @@ def main(argv=None):
     ap.add_argument("--width", type=int, default=16, help="ResNet-18 width (concise)")
     ap.add_argument("--timeout", type=int, default=900, help="seconds per worker")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results.json"))
+    ap.add_argument("--update", action="store_true",
+                    help="keep the records of --out that this run does not re-measure "
+                         "(same settings required), e.g. to redo one failed combination")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--framework", help=argparse.SUPPRESS)
     ap.add_argument("--impl", help=argparse.SUPPRESS)
@@ -254,6 +257,8 @@ def main(argv=None):
 
     sys.path.insert(0, str(ROOT))
     from d2lmini.results import hardware_info, versions
+    settings = {k: getattr(args, k) for k in ("batch", "steps", "warmup", "repeats",
+                                              "concise_steps", "width")}
     records, failures = [], []
     for fw in args.frameworks.split(","):
         for impl in args.impls.split(","):
@@ -275,8 +280,22 @@ def main(argv=None):
                       f"{rec['samples_per_s']:8.0f} samples/s  overhead "
                       + (f"x{rec['overhead_vs_1']:.2f}" if rec["overhead_vs_1"] else "n/a"),
                       flush=True)
-    out = {"settings": {k: getattr(args, k) for k in ("batch", "steps", "warmup", "repeats",
-                                                       "concise_steps", "width")},
+    if args.update and Path(args.out).is_file():
+        old = json.loads(Path(args.out).read_text())
+        if old["settings"] != settings or old["hardware"] != hardware_info():
+            raise SystemExit(f"--update: {args.out} was made with other settings or hardware")
+        key = lambda r: (r["framework"], r["impl"], r["devices"])
+        redone = {key(r) for r in records + failures}
+        records = [r for r in old["results"] if key(r) not in redone] + records
+        failures = [r for r in old["failures"] if key(r) not in redone] + failures
+        base = {(r["framework"], r["impl"]): r["step_s_median"] for r in records
+                if r["devices"] == 1}
+        for r in records:
+            b = base.get((r["framework"], r["impl"]))
+            r["overhead_vs_1"] = r["step_s_median"] / b if b else None
+        order = {f: i for i, f in enumerate(NOTEBOOK)}
+        records.sort(key=lambda r: (order[r["framework"]], r["impl"], r["devices"]))
+    out = {"settings": settings,
            "hardware": hardware_info(), "versions": versions(),
            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "results": records, "failures": failures}
