@@ -19,4 +19,3 @@ def built_book(tmp_path_factory):
     log = r.stdout + r.stderr
     assert r.returncode == 0, "book build failed:\n" + log[-6000:]
     return out / "_build" / "html", log
-

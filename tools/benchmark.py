@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import inspect
 import json
 import os
 import statistics
@@ -73,13 +72,9 @@ def scratch_step(ns: dict, impl: str, devices, lr: float):
     train_batch, init_params, get_params = ns["train_batch"], ns["init_params"], ns["get_params"]
     reduce = ns["allreduce"] if impl == "seed" else ns["ring_allreduce"]
     state = {"params": [get_params(init_params(0), d) for d in devices]}
-    takes_reduce = "reduce" in inspect.signature(train_batch).parameters
-    if not takes_reduce:
-        ns["allreduce"] = reduce     # train_batch looks the global name up at call time
 
     def step(X, y):
-        kwargs = {"reduce": reduce} if takes_reduce else {}
-        out = train_batch(X, y, state["params"], devices, lr, **kwargs)
+        out = train_batch(X, y, state["params"], devices, lr, reduce=reduce)
         if out is not None:          # JAX returns the new replicas; the others update in place
             state["params"] = out
     return step
@@ -157,11 +152,10 @@ def jax_concise_step(devices, args):
     return step
 
 
-def launched_epoch_times(cmd_and_read, devices, args) -> list[float]:
+def launched_epoch_times(launch_and_read, devices, args) -> list[float]:
     """Per-step times from the epoch times the ranks record; epoch 1 is the warm-up."""
-    epochs = 1 + args.repeats
-    samples = args.batch * args.concise_steps
-    per_rank_epochs = cmd_and_read(len(devices), epochs, samples, args)
+    per_rank_epochs = launch_and_read(len(devices), 1 + args.repeats,
+                                      args.batch * args.concise_steps)
     slowest = [max(e) for e in zip(*per_rank_epochs)]           # the slowest rank, per epoch
     return [t / args.concise_steps for t in slowest[1:]]
 
@@ -171,7 +165,7 @@ def torch_launched(devices, args):
     import tempfile
     ns = concise_notebook("torch", stop="## Splitting and Sampling the Data")
 
-    def go(k, epochs, samples, args):
+    def go(k, epochs, samples):
         out = tempfile.mkdtemp(prefix="bench-torch-")
         ns["run_script"](k, "torchrun", [
             "--epochs", epochs, "--batch-size", args.batch, "--lr", CONCISE_LR,
@@ -186,7 +180,7 @@ def paddle_launched(devices, args):
     import tempfile
     ns = concise_notebook("paddle", stop="## Splitting and Sampling the Data")
 
-    def go(k, epochs, samples, args):
+    def go(k, epochs, samples):
         out = tempfile.mkdtemp(prefix="bench-paddle-")
         cmd, _ = ns["launch_cmd"](k, out, "--epochs", str(epochs), "--batch_size",
                                   str(args.batch), "--lr", str(CONCISE_LR), "--width",
