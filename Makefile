@@ -2,6 +2,7 @@
 #   make book   build the rendered book into _build/html (sets everything up first)
 #   make test   run every test: unit tests, nbval over all notebooks, book build with -W
 # Both create the virtual environment if it is missing and make sure Fashion-MNIST is there.
+# GPU servers: one venv per framework (make gpu-venv FW=...), see the end of this file.
 
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -11,20 +12,26 @@ PIP    := $(PY) -m pip -q --disable-pip-version-check
 STAMP  := $(VENV)/.installed
 # Notebooks run under the smoke profile in the tests (each <= 90 s on 2 cores).
 TEST_PROFILE ?= smoke
+# Device counts the notebooks are tested with besides the default 2 (make test).
+TEST_DEVICE_COUNTS ?= 1 8
 
-.PHONY: book test venv data browser notebooks benchmark clean
+.PHONY: book test sweep lab venv data browser notebooks benchmark clean gpu-venv gpu-check doctor
 
 venv: $(STAMP)
 
-# Three install steps, in this order (see requirements.txt for why).
-$(STAMP): requirements.txt requirements-common.txt requirements-mxnet.txt pyproject.toml
+# Three install steps, in this order (see requirements.txt for why).  An existing venv that
+# holds a GPU build (CUDA torch, jax CUDA plugin, paddlepaddle-gpu, mxnet-cu*) is refused:
+# these steps would replace it by the CPU builds.
+$(STAMP): requirements.txt requirements-common.txt requirements-flax.txt requirements-mxnet.txt pyproject.toml
+	@if test -x $(PY); then $(PY) tools/gpu_env.py cpu-venv-ok $(VENV); fi
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
 	$(PIP) install "$$(grep -E '^torch==' requirements.txt)" 2>&1 | grep -v "^WARNING: Location" || true
 	$(PIP) install -r requirements.txt 2>&1 | grep -v "^WARNING: Location" || true
 	$(PIP) install --no-deps -r requirements-mxnet.txt 2>&1 | grep -v "^WARNING: Location" || true
 	$(PIP) install --no-deps --no-build-isolation -e . 2>&1 | grep -v -e "^WARNING: Location" -e BuildBackendWarning || true
-	$(PY) -c "import torch, jax, flax, optax, paddle, d2lmini.mxnet, jupyter_book, nbval"
+	$(PY) -c "import torch, jax, flax, optax, paddle, d2lmini.mxnet, jupyter_book, nbval, jupyterlab"
+	$(PY) -m ipykernel install --sys-prefix --name d2l --display-name "Python (d2l book)" >/dev/null
 	touch $(STAMP)
 
 # Fashion-MNIST: already verified somewhere (D2LMINI_DATA, cache, Debian) -> nothing to do;
@@ -49,8 +56,30 @@ book: data
 	$(VENV)/bin/jupyter-book build . --warningiserror --nitpick --keep-going
 	@test -f _build/html/index.html && echo "book: $$(pwd)/_build/html/index.html"
 
+# Everything at the default device count (2), then every notebook again with 1 and 8 devices
+# (the one-GPU workstation and the 8-GPU node).
 test: data browser
 	D2LMINI_PROFILE=$(TEST_PROFILE) $(PY) -m pytest
+	@for k in $(TEST_DEVICE_COUNTS); do \
+	  echo "=== notebooks with D2LMINI_NUM_DEVICES=$$k"; \
+	  D2LMINI_PROFILE=$(TEST_PROFILE) D2LMINI_NUM_DEVICES=$$k $(PY) -m pytest -q chapters || exit 1; \
+	done
+
+# Every notebook with every device count from 1 to 8 (about 45 minutes on 2 cores); the
+# per-k summary lines go to _build/sweep.txt.
+sweep: data
+	@mkdir -p _build; : > _build/sweep.txt; rc=0; for k in 1 2 3 4 5 6 7 8; do \
+	  echo "=== D2LMINI_NUM_DEVICES=$$k"; \
+	  D2LMINI_PROFILE=$(TEST_PROFILE) D2LMINI_NUM_DEVICES=$$k $(PY) -m pytest -q chapters \
+	    > _build/sweep-k$$k.log 2>&1 || rc=1; \
+	  echo "k=$$k: $$(tail -1 _build/sweep-k$$k.log)" | tee -a _build/sweep.txt; \
+	done; exit $$rc
+
+# JupyterLab on 127.0.0.1:$(LAB_PORT) with a token, kernel "Python (d2l book)"; from another
+# machine, tunnel: ssh -N -L $(LAB_PORT):127.0.0.1:$(LAB_PORT) <this host>  (tools/lab.py)
+LAB_PORT ?= 8888
+lab: data
+	$(PY) tools/lab.py --port $(LAB_PORT)
 
 # Re-execute every notebook in place under the current profile (default: cpu without GPUs),
 # refreshing the outputs stored in the repository.
@@ -63,3 +92,60 @@ benchmark: data
 
 clean:
 	rm -rf _build
+
+# --- GPU servers: one venv per framework ------------------------------------------------------
+# The frameworks' CUDA builds pin different cuDNN/NCCL versions exactly, so they cannot share
+# one environment: `make gpu-venv FW=torch` creates .venv-gpu-torch with the PyTorch GPU build,
+# the shared pins and d2lmini, and registers the Jupyter kernel d2l-gpu-torch.  The CPU targets
+# above never touch these venvs.  The pip steps are those of d2lmini/hardware.py (GPU_BUILDS),
+# which the doctor prints as fixes (tests/test_doctor.py checks that the two agree).
+FW           ?=
+GPU_FRAMEWORKS := torch jax paddle mxnet
+GPU_VENV     := .venv-gpu-$(FW)
+GPU_PY       := $(GPU_VENV)/bin/python
+GPU_PIP      := $(GPU_PY) -m pip --disable-pip-version-check
+PADDLE_INDEX ?= https://www.paddlepaddle.org.cn/packages/stable/cu126/
+# --user: the kernels are visible to every Jupyter of this user (JupyterLab, VS Code, ...);
+# KERNEL_SCOPE=--sys-prefix keeps a kernel inside its venv (seen only by that venv's Jupyter).
+KERNEL_SCOPE ?= --user
+GPU_STEPS_torch  := "-r requirements-gpu-torch.txt"
+GPU_STEPS_jax    := "-r requirements-gpu-jax.txt"
+GPU_STEPS_paddle := "-r requirements-gpu-paddle.txt --extra-index-url $(PADDLE_INDEX)"
+GPU_STEPS_mxnet  := "-r requirements-common.txt" "--no-deps -r requirements-gpu-mxnet.txt"
+GPU_KERNEL_torch  := Python (d2l, PyTorch GPU)
+GPU_KERNEL_jax    := Python (d2l, JAX GPU)
+GPU_KERNEL_paddle := Python (d2l, PaddlePaddle GPU)
+GPU_KERNEL_mxnet  := Python (d2l, MXNet GPU)
+
+gpu-venv:
+	@case " $(GPU_FRAMEWORKS) " in *" $(FW) "*) ;; \
+	  *) echo "usage: make gpu-venv FW=<torch|jax|paddle|mxnet>" >&2; exit 2;; esac
+	test -x $(GPU_PY) || $(PYTHON) -m venv $(GPU_VENV)
+	$(GPU_PIP) install -q --upgrade pip
+	for step in $(GPU_STEPS_$(FW)); do $(GPU_PIP) install $$step || exit 1; done
+	$(GPU_PIP) install --no-deps -e .
+	$(GPU_PY) -m ipykernel install $(KERNEL_SCOPE) --name d2l-gpu-$(FW) --display-name "$(GPU_KERNEL_$(FW))"
+	-$(GPU_PY) -m d2lmini doctor -f $(FW) --require $(FW)
+
+# Resolve every GPU environment with pip --dry-run (installs nothing); Paddle only where its
+# index is reachable.
+gpu-check:
+	@py=$(PY); test -x $$py || py=$(PYTHON); $$py tools/gpu_env.py check
+
+# The doctor in every venv that exists: what each framework sees, what is wrong, the fixes.
+doctor:
+	@rc=0; for v in $(VENV) .venv-gpu-*; do \
+	  test -x $$v/bin/python || continue; echo "=== $$v"; \
+	  $$v/bin/python -m d2lmini doctor || rc=1; echo; done; exit $$rc
+
+# --- A GPU server without network: run what can run, write a report --------------------------
+# Any interpreter that holds the frameworks' GPU builds (and d2lmini, or nothing: the tool puts
+# the checkout on PYTHONPATH): `make gpu-run PY=python3`.  Runs the notebooks of every framework
+# it can import (nbval where pytest+nbval+ipykernel are there, else the code cells) and the
+# benchmark -> benchmarks/gpu-report.{json,md} and benchmarks/results-gpu.json.  More options:
+# GPU_RUN_ARGS="--frameworks torch --chapters devices --skip-benchmark --out-dir DIR".
+.PHONY: gpu-run
+GPU_RUN_ARGS ?=
+gpu-run:
+	@py="$(PY)"; command -v "$$py" >/dev/null || py="$(PYTHON)"; \
+	  $$py tools/gpu_run.py $(GPU_RUN_ARGS)

@@ -9,15 +9,19 @@ Each framework has a thin backend with the same names in each::
 Importing a backend prepares its framework first (simulated device count for JAX, NumPy 2
 compatibility for MXNet, Paddle's logging side effect undone).
 """
-from .config import PROFILES, Profile, get_profile, host_has_gpu, num_simulated_devices
+from .config import (PROFILES, DevicePlan, GPUBuildMissing, Profile, get_profile, host_has_gpu,
+                     num_simulated_devices, plan_devices, requested_devices)
 from .data import (BatchIterator, DataError, FashionMNIST, TEXT_LABELS, find_data_dir,
                    get_fashion_mnist_labels, load_fashion_mnist)
 from .plot import Animator
-from .utils import Accumulator, Timer, check_device_count, evaluate_accuracy_with, shard_slices
+from .utils import (TIE_MARGIN, Accumulator, Timer, check_device_count, evaluate_accuracy_with,
+                    predictions_agree, shard_slices)
 
 __version__ = "0.1.0"
 
-__all__ = ["Accumulator", "Animator", "BatchIterator", "DataError", "FashionMNIST", "PROFILES",
+__all__ = ["Accumulator", "Animator", "BatchIterator", "DataError", "DevicePlan", "FashionMNIST",
+           "GPUBuildMissing", "PROFILES", "TIE_MARGIN", "plan_devices", "predictions_agree",
+           "requested_devices",
            "Profile", "TEXT_LABELS", "Timer", "check_device_count", "find_data_dir",
            "get_fashion_mnist_labels", "get_profile", "host_has_gpu", "load_fashion_mnist",
            "num_simulated_devices", "shard_slices"]

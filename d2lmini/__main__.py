@@ -1,8 +1,11 @@
-"""Command line: ``python -m d2lmini data [--no-download]`` finds and verifies Fashion-MNIST."""
+"""Command line of d2lmini.
+
+    python -m d2lmini data [--no-download]   find and verify (or download) Fashion-MNIST
+    python -m d2lmini doctor [--json] [-f FW] [--require FW[,FW]]
+                                             what each framework sees here, and what to fix
+"""
 import argparse
 import sys
-
-from .data import DataError, find_data_dir, load_fashion_mnist
 
 
 def main(argv=None) -> int:
@@ -10,7 +13,15 @@ def main(argv=None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("data", help="find, verify (or download) Fashion-MNIST")
     d.add_argument("--no-download", action="store_true", help="fail instead of downloading")
+    from . import doctor
+    doc = sub.add_parser("doctor", help="check the frameworks against this machine's GPUs",
+                         description=doctor.__doc__.split("\n")[0])
+    doctor.add_arguments(doc)
     args = p.parse_args(argv)
+    if args.cmd == "doctor":
+        return doctor.run(args)
+
+    from .data import DataError, find_data_dir, load_fashion_mnist
     try:
         where = find_data_dir(download=not args.no_download)
         load_fashion_mnist()

@@ -1,31 +1,48 @@
 """JAX backend of d2lmini.
 
-Devices: the GPUs when JAX sees any.  Otherwise the host CPU is split into
-``D2LMINI_NUM_DEVICES`` real XLA host devices (``jax_num_cpu_devices``); they are distinct
-devices to JAX (``device_put``, ``pmap``, ``shard_map`` and sharded ``jit`` treat them as
-such), sharing the processor's cores.
+Devices: the GPUs when JAX sees any (``D2LMINI_NUM_DEVICES`` of them).  Otherwise -- or when
+more devices are requested than there are GPUs, since a JAX mesh cannot hold one device
+twice -- the host CPU is split into ``D2LMINI_NUM_DEVICES`` real XLA host devices
+(``jax_num_cpu_devices``); they are distinct devices to JAX (``device_put``, ``pmap``,
+``shard_map`` and sharded ``jit`` treat them as such), sharing the processor's cores.
 
 Importing this module sets that count, which only works before JAX initialises its
-backends -- import ``d2lmini.jax`` before running any JAX operation.
+backends -- import ``d2lmini.jax`` before running any JAX operation.  It also stops JAX from
+preallocating 75 % of every GPU (``XLA_PYTHON_CLIENT_PREALLOCATE=false``), so that several
+notebooks and their launched processes can share a GPU, and asks for full float32 matrix
+products and deterministic GPU kernels (see :func:`d2lmini.config.exact_numerics`).
 """
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
-import numpy as np
+import os
 
-from .config import num_simulated_devices
-from .utils import check_device_count, evaluate_accuracy_with, shard_slices
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from .config import device_plan, exact_numerics, num_simulated_devices  # noqa: E402
+from .hardware import nvidia_gpus  # noqa: E402
+from .utils import check_device_count, evaluate_accuracy_with, shard_slices  # noqa: E402
 
 FRAMEWORK = "jax"
 SIMULATED_NOTE = ("JAX splits the host CPU into N XLA devices (jax_num_cpu_devices): "
                   "distinct devices to JAX, sharing the same cores.")
 
-_WANTED = num_simulated_devices()
+# At least 2: lessons that need two devices use CPU stand-ins when there are fewer.
+_WANTED = max(num_simulated_devices(), 2)
 try:
     jax.config.update("jax_num_cpu_devices", _WANTED)
 except RuntimeError:  # backends already initialised: checked in try_all_gpus()
     pass
+if exact_numerics():
+    # GPUs: full float32 matrix products (the default is TF32-like) and deterministic
+    # reductions, so proofs hold to float32 precision.  No effect on the CPU.
+    jax.config.update("jax_default_matmul_precision", "highest")
+    if nvidia_gpus() and "xla_gpu_deterministic_ops" not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                                   + " --xla_gpu_deterministic_ops=true").strip()
 
 
 def num_gpus() -> int:
@@ -40,18 +57,27 @@ def try_gpu(i: int = 0):
     return jax.devices("gpu")[i] if num_gpus() > i else jax.devices("cpu")[0]
 
 
-def try_all_gpus() -> list:
-    """All GPUs, or ``D2LMINI_NUM_DEVICES`` simulated CPU devices; never empty."""
-    if num_gpus():
-        return list(jax.devices("gpu"))
+def plan(at_least: int = 1):
+    """How many devices of which kind the notebooks use (decided once; see
+    :func:`d2lmini.config.plan_devices`)."""
+    return device_plan(FRAMEWORK, num_gpus, at_least, stand_in="cpu")
+
+
+def try_all_gpus(at_least: int = 1) -> list:
+    """The lesson's devices: ``D2LMINI_NUM_DEVICES`` GPUs (all of them by default), or that
+    many simulated CPU devices when there are fewer GPUs or none; never empty.
+    ``at_least``: the fewest devices the lesson needs; fewer real ones give stand-ins."""
+    p = plan(at_least)
+    if p.kind == "gpu":
+        return list(jax.devices("gpu"))[:p.count]
     cpus = jax.devices("cpu")
-    if len(cpus) < _WANTED:
+    if len(cpus) < p.count:
         raise RuntimeError(
-            f"JAX has {len(cpus)} CPU device(s) but D2LMINI_NUM_DEVICES={_WANTED}: JAX was "
+            f"JAX has {len(cpus)} CPU device(s) but this notebook uses {p.count}: JAX was "
             f"initialised before d2lmini.jax was imported. Restart the kernel and import "
             f"d2lmini.jax before any JAX operation (or set XLA_FLAGS="
-            f"--xla_force_host_platform_device_count={_WANTED} before starting Python).")
-    return list(cpus[:_WANTED])
+            f"--xla_force_host_platform_device_count={p.count} before starting Python).")
+    return list(cpus[:p.count])
 
 
 def get_devices(k: int) -> list:

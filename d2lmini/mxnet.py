@@ -1,13 +1,26 @@
 """MXNet backend of d2lmini (classic ``mx.nd`` / Gluon API).
 
-Devices: ``mx.gpu(i)`` when there are GPUs, else ``mx.cpu(0) .. mx.cpu(N-1)``: MXNet treats
-CPU contexts with different ids as distinct devices (separate buffers, explicit copies), so
-the simulation is real device placement, only on the same processor.
+Devices: ``mx.gpu(i)`` when there are GPUs (``D2LMINI_NUM_DEVICES`` of them, repeated as
+stand-ins if there are fewer), else ``mx.cpu(0) .. mx.cpu(N-1)``: MXNet treats CPU contexts
+with different ids as distinct devices (separate buffers, explicit copies), so the simulation
+is real device placement, only on the same processor.
+
+The last MXNet release (1.9.1, ``mxnet-cu112``) has kernels for compute capabilities 5.x-8.x
+only: on a Hopper (H100, H200) or newer GPU its first operator would fail with "no kernel image
+is available".  There the backend uses CPU contexts and says so (see :func:`plan`).
 """
 from __future__ import annotations
 
-from . import _mxnet_compat
+import os
 
+from . import _mxnet_compat
+from .config import exact_numerics
+
+if exact_numerics():
+    # No cuDNN autotuning: it picks kernels by timing (results may differ run to run) and
+    # prints "Running performance tests to find the best convolution algorithm" to stderr.
+    os.environ.setdefault("MXNET_CUDNN_AUTOTUNE_DEFAULT", "0")
+    os.environ.setdefault("MXNET_ENFORCE_DETERMINISM", "1")
 _mxnet_compat.install()
 
 import mxnet as mx  # noqa: E402
@@ -15,7 +28,8 @@ import numpy as np  # noqa: E402
 from mxnet import gluon, nd  # noqa: E402
 from mxnet.gluon import nn  # noqa: E402
 
-from .config import num_simulated_devices  # noqa: E402
+from .config import device_plan  # noqa: E402
+from .hardware import mxnet_gpu_support, nvidia_gpus  # noqa: E402
 from .utils import check_device_count, evaluate_accuracy_with, shard_slices  # noqa: E402
 
 FRAMEWORK = "mxnet"
@@ -28,16 +42,35 @@ def num_gpus() -> int:
 
 
 def try_gpu(i: int = 0):
-    """GPU ``i`` if it exists, else the CPU."""
-    return mx.gpu(i) if num_gpus() > i else mx.cpu()
+    """GPU ``i`` if it exists (and MXNet has kernels for it), else the CPU."""
+    return mx.gpu(i) if num_gpus() > i and plan().kind == "gpu" else mx.cpu()
 
 
-def try_all_gpus() -> list:
-    """All GPUs, or ``D2LMINI_NUM_DEVICES`` simulated CPU devices; never empty."""
-    n = num_gpus()
-    if n:
-        return [mx.gpu(i) for i in range(n)]
-    return [mx.cpu(i) for i in range(num_simulated_devices())]
+def unsupported_gpu() -> str | None:
+    """Why MXNet cannot run on this machine's GPUs, or None (no GPU, or every GPU has kernels
+    in MXNet's GPU build).  Asked whatever build is installed: on a Hopper GPU the CPU build is
+    not an error to fix -- the GPU build would not run there either."""
+    for gpu in nvidia_gpus():
+        ok, reason = mxnet_gpu_support(gpu.compute_capability)
+        if not ok:
+            return f"NOTE: GPU {gpu.index} ({gpu.name}): {reason}"
+    return None
+
+
+def plan(at_least: int = 1):
+    """How many devices of which kind the notebooks use (decided once; see
+    :func:`d2lmini.config.plan_devices`)."""
+    return device_plan(FRAMEWORK, num_gpus, at_least, unsupported=unsupported_gpu())
+
+
+def try_all_gpus(at_least: int = 1) -> list:
+    """The lesson's devices: the GPUs (``D2LMINI_NUM_DEVICES`` of them, repeated as stand-ins
+    if there are fewer), or ``D2LMINI_NUM_DEVICES`` CPU contexts; never empty.
+    ``at_least``: the fewest devices the lesson needs; fewer real ones give stand-ins."""
+    p = plan(at_least)
+    if p.kind == "gpu":
+        return [mx.gpu(i % p.gpus) for i in range(p.count)]
+    return [mx.cpu(i) for i in range(p.count)]
 
 
 def get_devices(k: int) -> list:

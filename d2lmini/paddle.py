@@ -1,6 +1,7 @@
 """PaddlePaddle backend of d2lmini.
 
-Devices: ``CUDAPlace(i)`` when Paddle sees GPUs.  ``CPUPlace()`` takes no index -- Paddle
+Devices: ``CUDAPlace(i)`` when Paddle sees GPUs (``D2LMINI_NUM_DEVICES`` of them, repeated as
+stand-ins if there are fewer).  ``CPUPlace()`` takes no index -- Paddle
 has one CPU place -- so without GPUs ``try_all_gpus()`` returns ``D2LMINI_NUM_DEVICES``
 *stand-ins*: ``CPUPlace()`` repeated; each entry holds its own tensors in the same memory.
 Real multi-process data parallelism on the CPU uses ``paddle.distributed`` with the gloo
@@ -31,10 +32,15 @@ logging.getLogger().setLevel(_root_level)
 import numpy as np  # noqa: E402
 from paddle import nn  # noqa: E402
 
-from .config import num_simulated_devices  # noqa: E402
+from .config import device_plan, exact_numerics  # noqa: E402
 from .utils import check_device_count, evaluate_accuracy_with, shard_slices  # noqa: E402
 
 FRAMEWORK = "paddle"
+
+if exact_numerics() and paddle.device.is_compiled_with_cuda():
+    # Deterministic cuDNN kernels (TF32 is off through NVIDIA_TF32_OVERRIDE=0, set by
+    # d2lmini.config before Paddle started); D2LMINI_TF32=1 keeps Paddle's defaults.
+    paddle.set_flags({"FLAGS_cudnn_deterministic": True})
 SIMULATED_NOTE = ("Paddle has one CPU place (CPUPlace takes no index): the simulated devices "
                   "are stand-ins, CPUPlace() repeated; each holds its own tensors.")
 
@@ -50,12 +56,20 @@ def try_gpu(i: int = 0):
     return paddle.CUDAPlace(i) if num_gpus() > i else paddle.CPUPlace()
 
 
-def try_all_gpus() -> list:
-    """All GPUs, or ``D2LMINI_NUM_DEVICES`` CPU stand-ins; never empty."""
-    n = num_gpus()
-    if n:
-        return [paddle.CUDAPlace(i) for i in range(n)]
-    return [paddle.CPUPlace() for _ in range(num_simulated_devices())]
+def plan(at_least: int = 1):
+    """How many devices of which kind the notebooks use (decided once; see
+    :func:`d2lmini.config.plan_devices`)."""
+    return device_plan(FRAMEWORK, num_gpus, at_least)
+
+
+def try_all_gpus(at_least: int = 1) -> list:
+    """The lesson's devices: the GPUs (``D2LMINI_NUM_DEVICES`` of them, repeated as stand-ins
+    if there are fewer), or ``D2LMINI_NUM_DEVICES`` CPU stand-ins; never empty.
+    ``at_least``: the fewest devices the lesson needs; fewer real ones give stand-ins."""
+    p = plan(at_least)
+    if p.kind == "gpu":
+        return [paddle.CUDAPlace(i % p.gpus) for i in range(p.count)]
+    return [paddle.CPUPlace() for _ in range(p.count)]
 
 
 def get_devices(k: int) -> list:
@@ -65,9 +79,16 @@ def get_devices(k: int) -> list:
 
 
 def synchronize(devices=None) -> None:
-    """Wait for queued GPU work (CPU work is synchronous)."""
-    if num_gpus():
-        paddle.device.synchronize()
+    """Wait for the queued work of every GPU in ``devices`` (default: all the lesson's).
+
+    ``paddle.device.synchronize()`` waits for the *current* device only; a multi-GPU timing
+    must wait for each.  CPU work is synchronous."""
+    if not num_gpus():
+        return
+    ids = sorted({d.get_device_id() for d in (devices or try_all_gpus())
+                  if isinstance(d, paddle.CUDAPlace)})
+    for i in ids:
+        paddle.device.synchronize(f"gpu:{i}")
 
 
 def to_numpy(x) -> np.ndarray:
@@ -237,6 +258,23 @@ def sync_batchnorm(layer: nn.Layer) -> nn.Layer:
     if num_gpus():
         return nn.SyncBatchNorm.convert_sync_batchnorm(layer)
     return convert_allreduce_batchnorm(layer)
+
+
+def rank_env(nprocs: int) -> dict[str, str]:
+    """Extra environment for ``nprocs`` launched ranks, and why.
+
+    Paddle's launcher and ``spawn`` give every rank a GPU of its own and refuse to share one
+    (the launcher fails with an IndexError, spawn with "visible devices(1) < nprocs").  With
+    fewer GPUs than ranks -- a one-GPU machine and a lesson that wants two -- the ranks run on
+    the CPU (gloo) instead: ``{"CUDA_VISIBLE_DEVICES": ""}``, and a note is printed.  With
+    enough GPUs, or none, nothing changes: ``{}``.
+    """
+    n = num_gpus()
+    if n == 0 or n >= nprocs:
+        return {}
+    print(f"NOTE: {nprocs} ranks but {n} GPU(s): Paddle cannot put two ranks on one GPU, so "
+          f"the launched ranks run on the CPU (gloo); this notebook's own cells use the GPU.")
+    return {"CUDA_VISIBLE_DEVICES": ""}
 
 
 # --------------------------------------------------------------------------------------------

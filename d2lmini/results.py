@@ -45,8 +45,9 @@ def hardware_info() -> dict:
 
 
 def versions(*packages: str) -> dict:
-    names = packages or ("numpy", "torch", "jax", "jaxlib", "flax", "optax", "paddlepaddle",
-                         "mxnet")
+    names = packages or ("numpy", "torch", "jax", "jaxlib", "jax-cuda12-plugin",
+                         "jax-cuda13-plugin", "flax", "optax", "paddlepaddle",
+                         "paddlepaddle-gpu", "mxnet", "mxnet-cu112")
     out = {}
     for n in names:
         try:

@@ -1,8 +1,9 @@
 """PyTorch backend of d2lmini.
 
-Devices: ``cuda:i`` when there are GPUs.  Without CUDA, PyTorch has a single CPU device, so
-``try_all_gpus()`` returns ``D2LMINI_NUM_DEVICES`` *stand-ins*: the same
-``torch.device('cpu')`` repeated.  Code written against the list (one parameter copy and
+Devices: ``cuda:i`` when there are GPUs (``D2LMINI_NUM_DEVICES`` of them; more than exist are
+stand-ins, the GPUs repeated -- see :func:`d2lmini.config.plan_devices`).  Without CUDA,
+PyTorch has a single CPU device, so ``try_all_gpus()`` returns ``D2LMINI_NUM_DEVICES``
+*stand-ins*: the same ``torch.device('cpu')`` repeated.  Code written against the list (one parameter copy and
 one shard per entry) runs unchanged on GPUs; on the CPU the copies are separate tensors in
 the same memory.  Real multi-process data parallelism on the CPU uses
 ``torch.distributed`` with the gloo backend (concise chapter).
@@ -13,10 +14,19 @@ import numpy as np
 import torch
 from torch import nn
 
-from .config import num_simulated_devices
+from .config import device_plan, exact_numerics
 from .utils import check_device_count, evaluate_accuracy_with, shard_slices
 
 FRAMEWORK = "torch"
+
+if exact_numerics():
+    # Full float32 on GPUs (TF32 is PyTorch's default for cuDNN convolutions on Ampere and
+    # newer) and deterministic kernel choice, so that the book's proofs hold to float32
+    # precision and repeated runs are bit-identical.  D2LMINI_TF32=1 turns this off.
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
 SIMULATED_NOTE = ("PyTorch has one CPU device: the simulated devices are stand-ins, "
                   "torch.device('cpu') repeated; each holds its own tensors.")
 
@@ -30,12 +40,20 @@ def try_gpu(i: int = 0) -> torch.device:
     return torch.device(f"cuda:{i}") if num_gpus() > i else torch.device("cpu")
 
 
-def try_all_gpus() -> list[torch.device]:
-    """All GPUs, or ``D2LMINI_NUM_DEVICES`` CPU stand-ins; never empty."""
-    n = num_gpus()
-    if n:
-        return [torch.device(f"cuda:{i}") for i in range(n)]
-    return [torch.device("cpu")] * num_simulated_devices()
+def plan(at_least: int = 1):
+    """How many devices of which kind the notebooks use (decided once; see
+    :func:`d2lmini.config.plan_devices`)."""
+    return device_plan(FRAMEWORK, num_gpus, at_least)
+
+
+def try_all_gpus(at_least: int = 1) -> list[torch.device]:
+    """The lesson's devices: the GPUs (``D2LMINI_NUM_DEVICES`` of them, repeated as stand-ins
+    if there are fewer), or ``D2LMINI_NUM_DEVICES`` CPU stand-ins; never empty.
+    ``at_least``: the fewest devices the lesson needs; fewer real ones give stand-ins."""
+    p = plan(at_least)
+    if p.kind == "gpu":
+        return [torch.device(f"cuda:{i % p.gpus}") for i in range(p.count)]
+    return [torch.device("cpu")] * p.count
 
 
 def get_devices(k: int) -> list[torch.device]:

@@ -5,7 +5,13 @@ import time
 
 import numpy as np
 
-__all__ = ["Accumulator", "Timer", "shard_slices", "check_device_count"]
+__all__ = ["Accumulator", "Timer", "shard_slices", "check_device_count", "predictions_agree",
+           "TIE_MARGIN"]
+
+# Two runs of the same model on different hardware (a GPU and the CPU, or two kernel choices)
+# agree to float32 rounding, about 1e-6 relative per layer; after a deep network a few 1e-5.
+# A prediction whose top two logits are closer than this may legitimately flip.
+TIE_MARGIN = 1e-3
 
 
 class Accumulator:
@@ -103,3 +109,20 @@ def evaluate_accuracy_with(split_batch, accuracy, net, data_iter, devices) -> fl
         metric.add(sum(accuracy(f(Xs), ys) for f, Xs, ys in zip(nets[:use], X_shards, y_shards)),
                    len(y))
     return metric[0] / metric[1]
+
+
+def predictions_agree(logits_a, logits_b, margin: float = TIE_MARGIN) -> bool:
+    """Whether two sets of logits predict the same classes, except where a prediction is a
+    near-tie (its top two logits in ``logits_a`` closer than ``margin``).
+
+    On one machine the book's comparisons are exact; between a GPU and the CPU, or after a
+    checkpoint is reloaded on other hardware, the logits differ by float32 rounding and a
+    near-tie can flip.  A wrong checkpoint or a broken reload changes the logits by O(1) and
+    fails this check.  Raises ``ValueError`` for logits of different shapes.
+    """
+    a, b = np.asarray(logits_a, np.float64), np.asarray(logits_b, np.float64)
+    if a.shape != b.shape or a.ndim != 2:
+        raise ValueError(f"expected two (n, classes) arrays of one shape, got {a.shape} and {b.shape}")
+    top2 = np.sort(a, axis=1)[:, -2:]
+    clear = (top2[:, 1] - top2[:, 0]) > margin
+    return bool(np.array_equal(a.argmax(1)[clear], b.argmax(1)[clear]))

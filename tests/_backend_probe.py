@@ -34,6 +34,7 @@ def main(fw: str) -> dict:
     out["try_gpu_0"] = str(d2l.try_gpu(0))
     out["get_devices_too_many"] = error_of(lambda: d2l.get_devices(len(devices) + 1))
     out["get_devices_1"] = len(d2l.get_devices(1))
+    out["at_least_2"] = [str(d) for d in d2l.try_all_gpus(at_least=2)]
 
     # split_batch on every batch size from k to 2k+1 (even and uneven)
     k = len(devices)

@@ -49,6 +49,39 @@ def test_devices_are_the_simulated_count(observed):
         assert len(set(o["device_reprs"])) == 1
 
 
+def test_a_lesson_that_needs_two_devices_gets_stand_ins(observed):
+    fw, k, o = observed
+    assert len(o["at_least_2"]) == max(k, 2)
+    if fw in ("mxnet", "jax"):  # still distinct simulated devices
+        assert len(set(o["at_least_2"])) == max(k, 2)
+
+
+FAKE_SMI = """#!/bin/sh
+echo "0, NVIDIA H100 80GB HBM3, 9.0, 81559, 580.65"
+"""
+
+
+@pytest.mark.parametrize("fw", FRAMEWORKS)
+def test_cpu_build_on_a_gpu_host(tmp_path, fw):
+    """A GPU host (a fake nvidia-smi) and this CPU build: the gpu profile stops with the
+    package to install; another profile runs on the CPU and says so."""
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(FAKE_SMI)
+    smi.chmod(0o755)
+    code = (f"from d2lmini import {fw} as d2l\n"
+            "try:\n    print('DEVICES', d2l.try_all_gpus())\n"
+            "except Exception as e:\n    print('ERROR', type(e).__name__, e)\n")
+    env = dict(os.environ, PATH=f"{tmp_path}:{os.environ['PATH']}", D2LMINI_NUM_DEVICES="2")
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    run = lambda profile: subprocess.run([sys.executable, "-c", code], capture_output=True,
+                                         text=True, timeout=300,
+                                         env=dict(env, D2LMINI_PROFILE=profile)).stdout
+    out = run("gpu")
+    assert "ERROR GPUBuildMissing" in out and "CPU build" in out and "Install" in out, out
+    out = run("smoke")
+    assert "NOTE:" in out and "CPU build" in out and "DEVICES" in out, out
+
+
 def test_asking_for_more_devices_than_exist_says_what_to_do(observed):
     fw, k, o = observed
     err = o["get_devices_too_many"]

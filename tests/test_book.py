@@ -63,3 +63,23 @@ def test_every_notebook_carries_its_executed_outputs():
         elif not any(c.get("outputs") for c in code):
             problems.append(f"{f}: no stored outputs")
     assert not problems, "\n".join(problems)
+
+
+def test_cell_ids_are_unique():
+    """nbformat silently renames a repeated cell id when it loads a notebook, so a copied
+    cell would get a new id at every execution; ids must be unique in the stored file."""
+    problems = []
+    for src in sorted((ROOT / "chapters").rglob("*.ipynb")):
+        ids = [c.get("id") for c in json.loads(src.read_text())["cells"]]
+        repeated = sorted({i for i in ids if i is not None and ids.count(i) > 1})
+        if repeated:
+            problems.append(f"{src.relative_to(ROOT)}: repeated cell ids {repeated}")
+    assert not problems, "\n".join(problems)
+
+
+def test_notebooks_open_with_the_books_kernel():
+    """`make venv` registers the kernel `d2l` ("Python (d2l book)"); every notebook names it,
+    so Jupyter opens it in the book's environment instead of whatever `python3` is."""
+    wrong = [str(p.relative_to(ROOT)) for p in sorted((ROOT / "chapters").rglob("*.ipynb"))
+             if json.loads(p.read_text())["metadata"].get("kernelspec", {}).get("name") != "d2l"]
+    assert not wrong, f"kernelspec is not 'd2l' in: {wrong}"

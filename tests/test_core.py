@@ -34,7 +34,8 @@ def test_default_profile_follows_the_hardware(monkeypatch):
 def test_gpu_profile_keeps_the_seeds_hyperparameters():
     g = d2lmini.PROFILES["gpu"]
     assert (g.scratch.epochs, g.scratch.batch_size, g.scratch.lr) == (5, 256, 0.3)
-    assert (g.scratch.big_batch_size, g.scratch.big_lr) == (512, 0.6)
+    # the larger batch keeps lr 0.3: 0.6 is what the chapter shows collapsing to chance
+    assert (g.scratch.big_batch_size, g.scratch.big_lr) == (512, 0.3)
     assert (g.concise.epochs, g.concise.batch_size, g.concise.lr, g.concise.width) == (10, 256, 0.1, 64)
     assert (g.concise.big_batch_size, g.concise.big_lr) == (512, 0.2)
     assert g.scratch.train_samples is None and g.concise.train_samples is None
@@ -48,6 +49,114 @@ def test_num_simulated_devices(monkeypatch, raw, ok):
     else:
         with pytest.raises(ValueError, match="positive integer"):
             d2lmini.num_simulated_devices()
+
+
+# --- which devices a lesson uses ----------------------------------------------------------
+from d2lmini import config, hardware  # noqa: E402
+
+H100 = hardware.GpuInfo(0, "NVIDIA H100 80GB HBM3", (9, 0), 81559, "580.65")
+
+
+@pytest.fixture
+def host(monkeypatch):
+    """Pretend the host has the given NVIDIA GPUs (as nvidia-smi would report them)."""
+    def set_gpus(n, profile="smoke", requested=None):
+        monkeypatch.setattr(hardware, "nvidia_gpus", lambda: [H100] * n)
+        monkeypatch.setenv("D2LMINI_PROFILE", profile)
+        if requested is None:
+            monkeypatch.delenv("D2LMINI_NUM_DEVICES", raising=False)
+        else:
+            monkeypatch.setenv("D2LMINI_NUM_DEVICES", str(requested))
+    return set_gpus
+
+
+def test_plan_without_gpus_simulates_the_requested_count(host):
+    host(0)
+    p = d2lmini.plan_devices("torch", 0)
+    assert (p.kind, p.count, p.gpus, p.stand_ins, p.note) == ("cpu", 2, 0, False, None)
+    for k in range(1, 9):
+        host(0, requested=k)
+        assert d2lmini.plan_devices("jax", 0).count == k
+
+
+def test_plan_uses_the_first_k_gpus_and_all_by_default(host):
+    host(8)
+    assert d2lmini.plan_devices("torch", 8) == config.DevicePlan("gpu", 8, 8, False, None)
+    host(8, requested=3)
+    assert d2lmini.plan_devices("torch", 8) == config.DevicePlan("gpu", 3, 3, False, None)
+
+
+def test_plan_with_fewer_gpus_than_requested_uses_stand_ins_and_says_so(host):
+    host(1, requested=4)
+    p = d2lmini.plan_devices("torch", 1)
+    assert (p.kind, p.count, p.gpus, p.stand_ins) == ("gpu", 4, 1, True)
+    assert "repeated as stand-ins" in p.note and "1 GPU" in p.note
+    p = d2lmini.plan_devices("jax", 1, stand_in="cpu")     # a mesh cannot hold a GPU twice
+    assert (p.kind, p.count, p.gpus, p.stand_ins) == ("cpu", 4, 0, True)
+    assert "simulated CPU devices" in p.note
+
+
+def test_plan_at_least_gives_a_one_device_machine_stand_ins(host):
+    host(0, requested=1)
+    p = d2lmini.plan_devices("paddle", 0, at_least=2)
+    assert (p.count, p.stand_ins) == (2, True) and "at least 2" in p.note
+    host(1)                                                 # one GPU, nothing requested
+    p = d2lmini.plan_devices("torch", 1, at_least=2)
+    assert (p.kind, p.count, p.gpus, p.stand_ins) == ("gpu", 2, 1, True)
+    host(2)
+    assert d2lmini.plan_devices("torch", 2, at_least=2).stand_ins is False
+    with pytest.raises(ValueError):
+        d2lmini.plan_devices("torch", 2, at_least=0)
+
+
+def test_plan_never_falls_back_silently_under_the_gpu_profile(host):
+    host(2, profile="gpu")
+    with pytest.raises(d2lmini.GPUBuildMissing, match=r"torch sees no GPU.*H100.*Install"):
+        d2lmini.plan_devices("torch", 0)
+    host(2, profile="smoke")                                # tests on a GPU host, CPU build
+    p = d2lmini.plan_devices("torch", 0)
+    assert p.kind == "cpu" and p.note.startswith("NOTE:") and "CPU build" in p.note
+
+
+def test_plan_for_a_gpu_the_framework_has_no_kernels_for(host):
+    host(1, profile="gpu", requested=2)
+    p = d2lmini.plan_devices("mxnet", 1, unsupported="MXNet has no kernels for 9.0.")
+    assert (p.kind, p.count, p.gpus) == ("cpu", 2, 0) and "no kernels" in p.note
+
+
+def test_device_plan_is_decided_once_and_prints_its_note_once(host, capsys):
+    host(0, requested=1)
+    config.reset_device_plans()
+    try:
+        calls = []
+        count = lambda: calls.append(1) or 0
+        first = config.device_plan("torch", count, at_least=2)
+        again = config.device_plan("torch", count, at_least=2)
+        assert first is again and len(calls) == 1
+        assert capsys.readouterr().out.count("NOTE:") == 1
+        assert config.device_plan("torch", count) is first      # the lesson keeps its minimum
+        assert config.device_plan("jax", count).count == 1      # another framework: its own
+    finally:
+        config.reset_device_plans()
+
+
+def test_exact_numerics_is_the_default(monkeypatch):
+    monkeypatch.delenv("D2LMINI_TF32", raising=False)
+    assert config.exact_numerics()
+    assert os.environ.get("NVIDIA_TF32_OVERRIDE") == "0"    # set when d2lmini was imported
+    monkeypatch.setenv("D2LMINI_TF32", "1")
+    assert not config.exact_numerics()
+
+
+def test_predictions_agree_except_near_ties():
+    a = np.array([[2.0, 0.0, 0.0], [0.5, 0.5 + 1e-4, 0.0], [0.0, 1.0, 3.0]])
+    b = a.copy()
+    b[1] = [0.6, 0.5, 0.0]                     # a near-tie flipped: allowed
+    assert d2lmini.predictions_agree(a, b)
+    b[0] = [0.0, 2.0, 0.0]                     # a clear prediction changed: caught
+    assert not d2lmini.predictions_agree(a, b)
+    with pytest.raises(ValueError):
+        d2lmini.predictions_agree(a, a[:2])
 
 
 # --- Accumulator, Timer -------------------------------------------------------------------

@@ -21,7 +21,9 @@ SCRIPT_DIR = Path(__file__).resolve().parents[1] / "chapters" / "concise"
 TIMEOUT = 120            # the outer limit; every test must finish well before it
 TINY = ["--train_samples", "128", "--test_samples", "64", "--epochs", "1",
         "--batch_size", "32", "--lr", "0.05", "--width", "4"]
-ENV = {"D2LMINI_PROFILE": "smoke"}
+# CPU ranks even on a GPU host: what is tested is the launcher's fault handling (gloo), and
+# two ranks cannot share one GPU in Paddle.
+ENV = {"D2LMINI_PROFILE": "smoke", "CUDA_VISIBLE_DEVICES": ""}
 PADDLE_DEFAULT_START_PORT = 6070   # the launcher's --start_port default (used with --ips)
 
 

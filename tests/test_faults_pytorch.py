@@ -44,6 +44,9 @@ def spawn(out, *, port, nproc=2, extra=()):
 
 def run(cmd, env=None, timeout=LAUNCH_TIMEOUT):
     """launch.run, returning (LaunchResult or LaunchError, seconds)."""
+    # CPU processes (gloo) even on a GPU host: the fault handling under test is gloo's and
+    # the launchers'; NCCL's watchdog behaves differently and is not what these tests pin.
+    env = {"CUDA_VISIBLE_DEVICES": "", **(env or {})}
     t0 = time.perf_counter()
     try:
         outcome = launch.run(cmd, timeout=timeout, env=env, cwd=str(SCRIPT.parent))

@@ -12,6 +12,10 @@ from d2lmini import launch
 
 HERE = Path(__file__).resolve().parents[1] / "chapters" / "comparison"
 PY = sys.executable
+# The "nodes" share one machine: on a GPU host every one of them would claim GPU 0 (NCCL
+# refuses a duplicate GPU) and JAX would preallocate it twice.  The simulation is of the
+# rendezvous and the collectives, so it runs on the CPU wherever the tests run.
+CPU_ONLY = {"CUDA_VISIBLE_DEVICES": "", "JAX_PLATFORMS": "cpu"}
 
 
 def torch_cmds(port, out):
@@ -43,12 +47,13 @@ def check(results, world):
 
 @pytest.mark.parametrize("framework,cmds", [("torch", torch_cmds), ("paddle", paddle_cmds)])
 def test_two_nodes_on_one_machine(tmp_path, framework, cmds):
-    launch.run_all(cmds(launch.free_port(), tmp_path), timeout=300)
+    c = cmds(launch.free_port(), tmp_path)
+    launch.run_all(c, timeout=300, envs=[CPU_ONLY] * len(c))
     check(launch.read_rank_results(tmp_path, 2), 2)
 
 
 def test_jax_two_processes(tmp_path):
-    launch.run_all(jax_cmds(launch.free_port(), tmp_path), timeout=300)
+    launch.run_all(jax_cmds(launch.free_port(), tmp_path), timeout=300, envs=[CPU_ONLY] * 2)
     results = launch.read_rank_results(tmp_path, 2, "process{rank}.json")
     check(results, 2)
     assert all(r["global_devices"] == 4 and r["local_devices"] == 2 for r in results)
@@ -58,6 +63,6 @@ def test_jax_process_whose_peer_never_comes_fails_fast(tmp_path):
     t0 = time.perf_counter()
     with pytest.raises(launch.LaunchError) as e:
         launch.run_all(jax_cmds(launch.free_port(), tmp_path, ids=(1,), init_timeout=5),
-                       timeout=120)
+                       timeout=120, envs=[CPU_ONLY])
     assert e.value.returncode not in (None, 0)  # the process gave up by itself: no hang
     assert time.perf_counter() - t0 < 100

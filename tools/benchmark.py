@@ -67,6 +67,16 @@ def exec_notebook(path: Path, skip: tuple[str, ...] = (), stop: str | None = Non
     return ns
 
 
+def device_kind(devices) -> str:
+    """``gpu`` (distinct GPUs), ``gpu-stand-ins`` (a GPU repeated: fewer GPUs than devices)
+    or ``simulated-cpu`` -- read from the devices themselves, since a backend with GPUs may
+    still hand out CPU stand-ins (JAX, when more devices are asked for than there are GPUs)."""
+    names = [str(d).lower() for d in devices]
+    if names and all("cuda" in n or "gpu" in n for n in names):
+        return "gpu" if len(set(names)) == len(names) else "gpu-stand-ins"
+    return "simulated-cpu"
+
+
 def scratch_step(ns: dict, impl: str, devices, lr: float):
     """One training step of the from-scratch chapter, with the naive or the ring all-reduce."""
     train_batch, init_params, get_params = ns["train_batch"], ns["init_params"], ns["get_params"]
@@ -91,7 +101,7 @@ def worker(args) -> dict:
     batches = [(data.X_train[i * args.batch:(i + 1) * args.batch],
                 data.y_train[i * args.batch:(i + 1) * args.batch]) for i in range(4)]
     result = {"framework": fw, "impl": args.impl, "devices": len(devices),
-              "device_kind": "gpu" if d2l.num_gpus() else "simulated-cpu",
+              "device_kind": device_kind(devices),
               "batch_size": args.batch}
     if args.impl in ("seed", "ring"):
         ns = exec_notebook(ROOT / "chapters" / "scratch" / f"{NOTEBOOK[fw]}.ipynb",
@@ -200,14 +210,28 @@ LAUNCHED = {"torch": torch_launched, "paddle": paddle_launched}
 
 
 # ---------------------------------------------------------------- driver side ------------
+def host_gpu_count() -> int:
+    """The NVIDIA GPUs this process may use (``nvidia-smi``; no framework imported)."""
+    try:
+        from d2lmini.hardware import nvidia_gpus
+    except ImportError:
+        return 0
+    return len(nvidia_gpus())
+
+
 def run_worker(fw, impl, k, args) -> dict:
     cmd = [sys.executable, __file__, "--worker", "--framework", fw, "--impl", impl,
            "--devices", str(k), "--batch", str(args.batch), "--steps", str(args.steps),
            "--warmup", str(args.warmup), "--repeats", str(args.repeats),
            "--concise-steps", str(args.concise_steps), "--width", str(args.width),
            "--timeout", str(args.timeout)]
-    # the chapters' setup cells expect at least two (simulated) devices; k of them are used
-    env = dict(os.environ, D2LMINI_NUM_DEVICES=str(max(k, 2)), PYTHONUNBUFFERED="1")
+    # Without GPUs the chapters' setup cells get max(k, 2) simulated devices (they expect two)
+    # and k of them are used.  With GPUs every GPU is offered (at least k) and the first k are
+    # used: max(k, 2) on a one-GPU machine would put JAX, whose meshes cannot repeat a device,
+    # on CPU stand-ins even for k = 1.  More devices than GPUs give the backends' stand-ins.
+    gpus = host_gpu_count()
+    n = max(k, gpus) if gpus else max(k, 2)
+    env = dict(os.environ, D2LMINI_NUM_DEVICES=str(n), PYTHONUNBUFFERED="1")
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
     lines = [l for l in r.stdout.splitlines() if l.startswith("BENCH-JSON ")]
     if r.returncode != 0 or not lines:

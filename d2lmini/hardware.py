@@ -1,0 +1,306 @@
+"""The machine's NVIDIA GPUs and what each framework's GPU build needs -- framework-neutral.
+
+Nothing here imports a deep-learning framework (nor anything outside the standard library),
+so that it can answer before a framework is imported, in any environment -- also loaded as a
+plain file by ``tools/gpu_env.py``, in a venv that may not hold d2lmini yet.
+
+* :func:`nvidia_gpus` -- the GPUs ``nvidia-smi`` reports, as this process's CUDA would number
+  them (``CUDA_VISIBLE_DEVICES`` honoured);
+* :func:`mxnet_gpu_support` -- whether MXNet 1.9.1's GPU build has kernels for a compute
+  capability (it has none for Hopper and newer);
+* :data:`GPU_BUILDS` and :func:`gpu_build_fix` -- how to install each framework's GPU build:
+  one venv per framework (``make gpu-venv FW=...``), because their pinned CUDA libraries
+  cannot share one environment;
+* :func:`gpu_builds_installed` -- which GPU builds an environment holds (the CPU venv must
+  hold none: ``make venv`` would replace them).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shutil
+import subprocess
+from functools import lru_cache
+from importlib import metadata
+
+__all__ = ["GpuInfo", "nvidia_gpus", "parse_nvidia_smi", "visible_gpus", "mxnet_gpu_support",
+           "MXNET_SASS", "GpuBuild", "GPU_BUILDS", "PADDLE_INDEX", "canonical_framework",
+           "gpu_build_fix", "gpu_builds_installed", "pip_commands", "driver_too_old"]
+
+NVIDIA_SMI_QUERY = "index,name,compute_cap,memory.total,driver_version"
+NVIDIA_SMI_TIMEOUT = 20.0   # seconds; a hung driver must not hang an import
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuInfo:
+    """One NVIDIA GPU as ``nvidia-smi`` reports it (``index`` renumbered as CUDA numbers the
+    visible GPUs: from 0, in ``CUDA_VISIBLE_DEVICES`` order)."""
+    index: int
+    name: str
+    compute_capability: tuple[int, int]
+    memory_mib: int
+    driver_version: str
+
+    @property
+    def sm(self) -> str:
+        """The architecture name CUDA code is built for, e.g. ``sm_90`` for an H100."""
+        return "sm_%d%d" % self.compute_capability
+
+
+def _int_or_none(text: str):
+    try:
+        return int(text.strip())
+    except ValueError:
+        return None
+
+
+def parse_nvidia_smi(text: str) -> list[GpuInfo]:
+    """Parse the output of ``nvidia-smi --query-gpu=index,name,compute_cap,memory.total,
+    driver_version --format=csv,noheader,nounits``; lines that do not parse are skipped."""
+    gpus = []
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) < 5:
+            continue
+        # A name could hold a comma: the other four fields are counted from both ends.
+        index, name = _int_or_none(parts[0]), ", ".join(parts[1:-3])
+        cc, memory, driver = parts[-3], _int_or_none(parts[-2]), parts[-1]
+        m = re.fullmatch(r"(\d+)\.(\d+)", cc)
+        if index is None or memory is None or not m or not name or not driver:
+            continue
+        gpus.append(GpuInfo(index, name, (int(m.group(1)), int(m.group(2))), memory, driver))
+    return gpus
+
+
+def visible_gpus(gpus: list[GpuInfo], cuda_visible_devices: str | None) -> list[GpuInfo]:
+    """The GPUs a CUDA process sees under ``CUDA_VISIBLE_DEVICES``, renumbered from 0.
+
+    Unset: all.  ``""`` or ``-1``: none.  A comma list of indices: those, in that order; as
+    in CUDA, the list ends at the first entry that is not a valid index (negative, unknown,
+    repeated).  GPU/MIG UUIDs cannot be matched from these fields: all GPUs are kept.
+    """
+    if cuda_visible_devices is None:
+        return list(gpus)
+    raw = cuda_visible_devices.strip()
+    if raw in ("", "-1"):
+        return []
+    entries = [e.strip() for e in raw.split(",")]
+    if any(e.upper().startswith(("GPU-", "MIG-")) for e in entries):
+        return list(gpus)
+    by_index = {g.index: g for g in gpus}
+    chosen: list[GpuInfo] = []
+    for e in entries:
+        i = _int_or_none(e)
+        if i is None or i not in by_index or by_index[i] in chosen:
+            break
+        chosen.append(by_index[i])
+    return [dataclasses.replace(g, index=k) for k, g in enumerate(chosen)]
+
+
+@lru_cache(maxsize=None)
+def _query(smi: str | None) -> tuple[GpuInfo, ...]:
+    if smi is None:
+        return ()
+    try:
+        out = subprocess.run([smi, f"--query-gpu={NVIDIA_SMI_QUERY}",
+                              "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT)
+    except (OSError, subprocess.SubprocessError):
+        return ()
+    gpus = parse_nvidia_smi(out.stdout) if out.returncode == 0 else []
+    if not gpus:
+        # Drivers older than about 510 do not know the compute_cap field and fail the query:
+        # fall back to the plain list, with the compute capability unknown (0, 0).
+        try:
+            out = subprocess.run([smi, "-L"], capture_output=True, text=True,
+                                 timeout=NVIDIA_SMI_TIMEOUT)
+        except (OSError, subprocess.SubprocessError):
+            return ()
+        if out.returncode == 0:
+            gpus = parse_nvidia_smi_list(out.stdout)
+    return tuple(gpus)
+
+
+def parse_nvidia_smi_list(text: str) -> list[GpuInfo]:
+    """Parse ``nvidia-smi -L`` ("GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-...)"): the GPUs of
+    a driver too old for the query above, compute capability and memory unknown (0)."""
+    gpus = []
+    for m in re.finditer(r"^GPU (\d+): (.+?)(?: \(UUID: [^)]*\))?\s*$", text, re.M):
+        gpus.append(GpuInfo(int(m.group(1)), m.group(2).strip(), (0, 0), 0, "unknown"))
+    return gpus
+
+
+def nvidia_gpus() -> list[GpuInfo]:
+    """The NVIDIA GPUs this process can use, from ``nvidia-smi`` (no framework imported).
+
+    [] when ``nvidia-smi`` is missing, fails or times out, or when ``CUDA_VISIBLE_DEVICES``
+    hides every GPU.  The query runs once per ``nvidia-smi`` path (cached;
+    ``nvidia_gpus.cache_clear()`` forgets it); ``CUDA_VISIBLE_DEVICES`` is applied at every call.
+    """
+    found = _query(shutil.which("nvidia-smi"))
+    return visible_gpus(list(found), os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+nvidia_gpus.cache_clear = _query.cache_clear
+
+
+# --- MXNet 1.9.1 (mxnet-cu112) on a given GPU ------------------------------------------------
+
+#: The architectures ``libmxnet.so`` of mxnet-cu112 1.9.1 holds SASS for; it holds no PTX, so
+#: nothing can be JIT-compiled for a newer architecture.
+MXNET_SASS = ((5, 0), (6, 0), (7, 0), (8, 0), (8, 6))
+
+_ARCH = {3: "Kepler", 5: "Maxwell", 6: "Pascal", 7: "Volta/Turing", 8: "Ampere/Ada",
+         9: "Hopper", 10: "Blackwell", 11: "Blackwell", 12: "Blackwell"}
+
+
+def mxnet_gpu_support(cc: tuple[int, int]) -> tuple[bool, str]:
+    """Whether MXNet 1.9.1's GPU build (mxnet-cu112) can run on compute capability ``cc``,
+    and a sentence saying what happens.
+
+    SASS built for ``sm_XY`` runs on the same major ``X`` with a minor >= ``Y``; there is no
+    PTX to compile for anything else.  So 5.x, 6.x, 7.x and 8.x run (8.9, Ada, runs the sm_86
+    code); 9.0 (Hopper: H100, H200), 10.x and 12.x (Blackwell) and anything below 5.0 do not.
+    """
+    major, minor = int(cc[0]), int(cc[1])
+    if (major, minor) == (0, 0):      # unknown: nvidia-smi too old to report it
+        return True, ("MXNet 1.9.1 (mxnet-cu112): this GPU's compute capability is unknown "
+                      "(the NVIDIA driver is too old to report it); MXNet runs on 5.x-8.x only.")
+    arch = _ARCH.get(major, "unknown architecture")
+    built = [b for b in MXNET_SASS if b[0] == major and b[1] <= minor]
+    if built:
+        b = max(built)
+        return True, (f"MXNet 1.9.1 (mxnet-cu112) runs on compute capability {major}.{minor} "
+                      f"({arch}) with its sm_{b[0]}{b[1]} kernels.")
+    return False, (
+        f"MXNet 1.9.1 (mxnet-cu112, the last release) has no kernels for compute capability "
+        f"{major}.{minor} ({arch}): it holds GPU code for sm_50/60/70/80/86 only and no PTX, so "
+        f"its first GPU operator fails with \"no kernel image is available for execution on "
+        f"the device\". Use MXNet's CPU contexts (mx.cpu(i)), a GPU of compute capability "
+        f"5.x-8.x, or another framework for GPU runs.")
+
+
+# --- How to install each framework's GPU build ------------------------------------------------
+
+PADDLE_INDEX = "https://www.paddlepaddle.org.cn/packages/stable/cu126/"
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuBuild:
+    """One framework's GPU environment: ``make gpu-venv FW=<framework>`` creates ``venv`` and
+    runs ``pip install`` with each of ``pip_steps`` in turn (then ``pip install --no-deps -e
+    .``) -- the same arguments the Makefile and ``make gpu-check`` use."""
+    framework: str
+    package: str                  # the GPU build's distribution
+    requirements: str             # its requirements file
+    pip_steps: tuple[tuple[str, ...], ...]
+    needs: str                    # driver / system prerequisites, one sentence
+    kernel: str                   # Jupyter kernel name
+    display_name: str
+    min_driver: int               # oldest NVIDIA driver branch the build runs on
+
+    @property
+    def venv(self) -> str:
+        return f".venv-gpu-{self.framework}"
+
+
+GPU_BUILDS: dict[str, GpuBuild] = {
+    "torch": GpuBuild(
+        "torch", "torch (CUDA 13.0 build from PyPI)", "requirements-gpu-torch.txt",
+        (("-r", "requirements-gpu-torch.txt"),),
+        "an NVIDIA driver >= 580 and a GPU of compute capability >= 7.5 (CUDA 13)",
+        "d2l-gpu-torch", "Python (d2l, PyTorch GPU)", 580),
+    "jax": GpuBuild(
+        "jax", "jax[cuda12] (jax-cuda12-plugin)", "requirements-gpu-jax.txt",
+        (("-r", "requirements-gpu-jax.txt"),),
+        "an NVIDIA driver >= 525 and a GPU of compute capability >= 5.2 (CUDA 12)",
+        "d2l-gpu-jax", "Python (d2l, JAX GPU)", 525),
+    "paddle": GpuBuild(
+        "paddle", "paddlepaddle-gpu (cu126, from Paddle's own index)",
+        "requirements-gpu-paddle.txt",
+        (("-r", "requirements-gpu-paddle.txt", "--extra-index-url", PADDLE_INDEX),),
+        "an NVIDIA driver >= 550 (CUDA 12.6) and Paddle's package index",
+        "d2l-gpu-paddle", "Python (d2l, PaddlePaddle GPU)", 550),
+    "mxnet": GpuBuild(
+        "mxnet", "mxnet-cu112", "requirements-gpu-mxnet.txt",
+        (("-r", "requirements-common.txt"), ("--no-deps", "-r", "requirements-gpu-mxnet.txt")),
+        "a system CUDA 11.2 runtime, cuDNN 8, NCCL 2 and libquadmath0, an NVIDIA driver >= 450 "
+        "and a GPU of compute capability 5.0-8.9 (not Hopper or newer)",
+        "d2l-gpu-mxnet", "Python (d2l, MXNet GPU)", 450),
+}
+
+_ALIASES = {"pytorch": "torch", "paddlepaddle": "paddle", "jaxlib": "jax"}
+
+
+def canonical_framework(name: str) -> str:
+    """``torch``, ``jax``, ``paddle`` or ``mxnet`` for a framework name (``pytorch`` and
+    ``paddlepaddle`` accepted); ValueError for anything else."""
+    key = _ALIASES.get(name.strip().lower(), name.strip().lower())
+    if key not in GPU_BUILDS:
+        raise ValueError(f"unknown framework {name!r}; choose one of {', '.join(GPU_BUILDS)}")
+    return key
+
+
+def pip_commands(framework: str, python: str = "python") -> list[str]:
+    """The pip commands that install ``framework``'s GPU build into the environment of
+    ``python``, from the repository root."""
+    b = GPU_BUILDS[canonical_framework(framework)]
+    steps = [*b.pip_steps, ("--no-deps", "-e", ".")]
+    return [f"{python} -m pip install " + " ".join(step) for step in steps]
+
+
+def driver_too_old(framework: str, driver_version: str) -> bool:
+    """Whether an NVIDIA driver (``"550.54.15"``) is older than ``framework``'s GPU build needs."""
+    m = re.match(r"(\d+)", driver_version or "")
+    return bool(m) and int(m.group(1)) < GPU_BUILDS[canonical_framework(framework)].min_driver
+
+
+def gpu_build_fix(framework: str) -> str:
+    """The exact commands that install ``framework``'s GPU build, as one line of text (with a
+    warning when this machine's NVIDIA driver is too old for it)."""
+    b = GPU_BUILDS[canonical_framework(framework)]
+    fix = (f"make gpu-venv FW={b.framework} (a new venv {b.venv} with the Jupyter kernel "
+           f"{b.kernel!r}; needs {b.needs}); or, in an existing environment, from the "
+           f"repository root: {' && '.join(pip_commands(b.framework))}")
+    old = [g.driver_version for g in nvidia_gpus() if driver_too_old(b.framework, g.driver_version)]
+    if old:
+        fix += (f"; this machine's driver {old[0]} is older than {b.min_driver}: update it first"
+                f" (or see {b.requirements} for an alternative)")
+    return fix
+
+
+# --- Which GPU builds an environment holds ----------------------------------------------------
+
+def _torch_cuda(dist) -> str | None:
+    """``torch.version.cuda`` of an installed torch, read from its version.py (no import)."""
+    try:
+        text = dist.locate_file("torch/version.py").read_text()
+    except OSError:
+        return None
+    m = re.search(r"^cuda\s*(?::[^=]*)?=\s*['\"]([^'\"]+)['\"]", text, re.M)
+    return m.group(1) if m else None
+
+
+def gpu_builds_installed(path: list[str] | None = None) -> list[str]:
+    """The GPU builds of the frameworks installed in ``path`` (default: this interpreter's
+    ``sys.path``): paddlepaddle-gpu, mxnet-cu*, jax CUDA/ROCm plugins, a CUDA or ROCm torch.
+    Each as ``"name version (why)"``; [] for a CPU-only environment."""
+    found = []
+    for dist in metadata.distributions(**({"path": path} if path is not None else {})):
+        name = (dist.metadata["Name"] or "").lower().replace("_", "-")
+        version = dist.version
+        if name == "paddlepaddle-gpu" or re.fullmatch(r"mxnet-cu\d+", name):
+            found.append(f"{name} {version}")
+        elif re.fullmatch(r"jax-(cuda|rocm)\d*-(plugin|pjrt)", name):
+            found.append(f"{name} {version}")
+        elif name == "jaxlib" and re.search(r"\+(cuda|rocm)", version):
+            found.append(f"{name} {version}")
+        elif name == "torch":
+            cuda = _torch_cuda(dist)
+            requires = [r.lower() for r in (dist.requires or [])]
+            if re.search(r"\+(cu|rocm)", version):
+                found.append(f"torch {version}")
+            elif cuda or any(r.startswith(("nvidia-", "cuda-toolkit")) for r in requires):
+                found.append(f"torch {version} (CUDA {cuda or 'build'})")
+    return sorted(set(found))
