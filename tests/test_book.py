@@ -83,3 +83,33 @@ def test_notebooks_open_with_the_books_kernel():
     wrong = [str(p.relative_to(ROOT)) for p in sorted((ROOT / "chapters").rglob("*.ipynb"))
              if json.loads(p.read_text())["metadata"].get("kernelspec", {}).get("name") != "d2l"]
     assert not wrong, f"kernelspec is not 'd2l' in: {wrong}"
+
+
+def notebook_cells():
+    for src in sorted((ROOT / "chapters").rglob("*.ipynb")):
+        if ".ipynb_checkpoints" in src.parts:
+            continue
+        for i, c in enumerate(json.loads(src.read_text())["cells"]):
+            yield src.relative_to(ROOT), i, c
+
+
+def test_test_markers_are_tags_not_code():
+    """nbval's markers live in the cell tags (AUTHORING.md): a reader sees only the code."""
+    marked = [f"{p} cell {i}" for p, i, c in notebook_cells() if c["cell_type"] == "code"
+              and any(l.lstrip().startswith("# NBVAL") for l in c["source"])]
+    assert not marked, f"'# NBVAL_...' comments instead of tags: {marked}"
+
+
+def test_rendered_book_hides_the_test_machinery(built_book):
+    """No "NBVAL" anywhere in the HTML, and check cells tagged remove-cell are not rendered
+    (they still run under nbval)."""
+    import html as html_lib
+    html, _ = built_book
+    for page in html.rglob("*.html"):
+        assert "NBVAL" not in page.read_text(errors="replace"), page
+    removed = [(p, "".join(c["source"]).strip()) for p, _, c in notebook_cells()
+               if "remove-cell" in c.get("metadata", {}).get("tags", [])]
+    assert removed, "no check cell is tagged remove-cell"
+    for nb, src in removed:
+        text = html_lib.unescape(re.sub(r"<[^>]+>", "", (html / nb.with_suffix(".html")).read_text()))
+        assert src not in text, f"{nb}: a remove-cell cell is rendered: {src[:80]!r}"
