@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import platform
 import re
 import shutil
 import subprocess
 from functools import lru_cache
 from importlib import metadata
 
-__all__ = ["GpuInfo", "nvidia_gpus", "parse_nvidia_smi", "visible_gpus", "mxnet_gpu_support",
+__all__ = ["GpuInfo", "cpu_model", "package_versions", "FRAMEWORK_PACKAGES", "nvidia_gpus", "parse_nvidia_smi", "visible_gpus", "mxnet_gpu_support",
            "MXNET_SASS", "GpuBuild", "GPU_BUILDS", "PADDLE_INDEX", "canonical_framework",
            "gpu_build_fix", "gpu_builds_installed", "pip_commands", "driver_too_old"]
 
@@ -143,6 +144,35 @@ def nvidia_gpus() -> list[GpuInfo]:
 
 
 nvidia_gpus.cache_clear = _query.cache_clear
+
+
+def cpu_model() -> str:
+    """The processor's model name (``/proc/cpuinfo``), for results files and reports."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+#: The distributions whose versions results files and reports record (CPU and GPU builds).
+FRAMEWORK_PACKAGES = ("numpy", "torch", "jax", "jaxlib", "jax-cuda12-plugin", "jax-cuda13-plugin",
+                      "flax", "optax", "paddlepaddle", "paddlepaddle-gpu", "mxnet", "mxnet-cu112")
+
+
+def package_versions(*names: str) -> dict:
+    """``{distribution: version}`` of those of ``names`` that are installed (default:
+    :data:`FRAMEWORK_PACKAGES`), read from the metadata -- nothing is imported."""
+    out = {}
+    for n in names or FRAMEWORK_PACKAGES:
+        try:
+            out[n] = metadata.version(n)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
 
 
 # --- MXNet 1.9.1 (mxnet-cu112) on a given GPU ------------------------------------------------

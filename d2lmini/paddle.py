@@ -261,20 +261,24 @@ def sync_batchnorm(layer: nn.Layer) -> nn.Layer:
 
 
 def rank_env(nprocs: int) -> dict[str, str]:
-    """Extra environment for ``nprocs`` launched ranks, and why.
+    """Extra environment for ``nprocs`` ranks launched by ``paddle.distributed.launch`` or
+    ``spawn``: ``{}`` when every rank gets a GPU of its own, or when Paddle sees no GPU (the
+    CPU build: gloo ranks on the CPU).
 
-    Paddle's launcher and ``spawn`` give every rank a GPU of its own and refuse to share one
-    (the launcher fails with an IndexError, spawn with "visible devices(1) < nprocs").  With
-    fewer GPUs than ranks -- a one-GPU machine and a lesson that wants two -- the ranks run on
-    the CPU (gloo) instead: ``{"CUDA_VISIBLE_DEVICES": ""}``, and a note is printed.  With
-    enough GPUs, or none, nothing changes: ``{}``.
+    Paddle gives every rank a GPU of its own and cannot share one (the launcher fails with
+    an IndexError, spawn with "visible devices(1) < nprocs"), and a GPU build cannot be told
+    to launch CPU ranks instead: the launcher takes *any* ``CUDA_VISIBLE_DEVICES``, even an
+    empty one, as a list of GPUs.  So with a GPU build and fewer GPUs than ranks this raises a
+    ``RuntimeError`` that says what to do, rather than failing inside the launcher.
     """
     n = num_gpus()
     if n == 0 or n >= nprocs:
         return {}
-    print(f"NOTE: {nprocs} ranks but {n} GPU(s): Paddle cannot put two ranks on one GPU, so "
-          f"the launched ranks run on the CPU (gloo); this notebook's own cells use the GPU.")
-    return {"CUDA_VISIBLE_DEVICES": ""}
+    raise RuntimeError(
+        f"{nprocs} Paddle ranks need {nprocs} GPUs, but Paddle sees {n}: Paddle cannot put two "
+        f"ranks on one GPU, and its launcher cannot be sent to the CPU with a GPU build. Run "
+        f"this notebook on a machine with >= {nprocs} GPUs, or with the CPU build (the "
+        f"project's .venv; on a GPU host also set D2LMINI_PROFILE=cpu), whose ranks use gloo.")
 
 
 # --------------------------------------------------------------------------------------------

@@ -11,8 +11,6 @@ import datetime as _dt
 import json
 import os
 import platform
-import subprocess
-from importlib import metadata
 from pathlib import Path
 
 __all__ = ["hardware_info", "versions", "record_result", "load_results"]
@@ -20,41 +18,17 @@ __all__ = ["hardware_info", "versions", "record_result", "load_results"]
 KEY = ("chapter", "framework", "api", "devices", "profile", "batch_size")
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _gpu_names() -> list[str]:
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20)
-        return [l.strip() for l in out.stdout.splitlines() if l.strip()] if out.returncode == 0 else []
-    except (OSError, subprocess.SubprocessError):
-        return []
-
-
 def hardware_info() -> dict:
-    return {"cpu": _cpu_model(), "cpu_cores": os.cpu_count(), "gpus": _gpu_names(),
+    from .hardware import cpu_model, nvidia_gpus
+    return {"cpu": cpu_model(), "cpu_cores": os.cpu_count(),
+            "gpus": [g.name for g in nvidia_gpus()],
             "machine": platform.machine(), "python": platform.python_version()}
 
 
 def versions(*packages: str) -> dict:
-    names = packages or ("numpy", "torch", "jax", "jaxlib", "jax-cuda12-plugin",
-                         "jax-cuda13-plugin", "flax", "optax", "paddlepaddle",
-                         "paddlepaddle-gpu", "mxnet", "mxnet-cu112")
-    out = {}
-    for n in names:
-        try:
-            out[n] = metadata.version(n)
-        except metadata.PackageNotFoundError:
-            pass
-    return out
+    """Installed versions of ``packages`` (default: the frameworks, CPU and GPU builds)."""
+    from .hardware import package_versions
+    return package_versions(*packages)
 
 
 def record_result(path, *, chapter: str, framework: str, api: str, devices: int,

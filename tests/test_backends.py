@@ -56,30 +56,42 @@ def test_a_lesson_that_needs_two_devices_gets_stand_ins(observed):
         assert len(set(o["at_least_2"])) == max(k, 2)
 
 
-FAKE_SMI = """#!/bin/sh
-echo "0, NVIDIA H100 80GB HBM3, 9.0, 81559, 580.65"
-"""
+H100 = "0, NVIDIA H100 80GB HBM3, 9.0, 81559, 580.65"
+A100 = "0, NVIDIA A100-SXM4-80GB, 8.0, 81920, 580.65"
 
 
-@pytest.mark.parametrize("fw", FRAMEWORKS)
-def test_cpu_build_on_a_gpu_host(tmp_path, fw):
-    """A GPU host (a fake nvidia-smi) and this CPU build: the gpu profile stops with the
-    package to install; another profile runs on the CPU and says so."""
+def run_on_fake_gpu_host(tmp_path, fw, gpu_line, profile):
+    """What ``d2l.try_all_gpus()`` of this (CPU) build does on a host whose nvidia-smi
+    reports ``gpu_line``: its stdout, with "DEVICES ..." or "ERROR <type> <message>"."""
     smi = tmp_path / "nvidia-smi"
-    smi.write_text(FAKE_SMI)
+    smi.write_text(f'#!/bin/sh\necho "{gpu_line}"\n')
     smi.chmod(0o755)
     code = (f"from d2lmini import {fw} as d2l\n"
             "try:\n    print('DEVICES', d2l.try_all_gpus())\n"
             "except Exception as e:\n    print('ERROR', type(e).__name__, e)\n")
-    env = dict(os.environ, PATH=f"{tmp_path}:{os.environ['PATH']}", D2LMINI_NUM_DEVICES="2")
+    env = dict(os.environ, PATH=f"{tmp_path}:{os.environ['PATH']}", D2LMINI_NUM_DEVICES="2",
+               D2LMINI_PROFILE=profile)
     env.pop("CUDA_VISIBLE_DEVICES", None)
-    run = lambda profile: subprocess.run([sys.executable, "-c", code], capture_output=True,
-                                         text=True, timeout=300,
-                                         env=dict(env, D2LMINI_PROFILE=profile)).stdout
-    out = run("gpu")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, env=env).stdout
+
+
+@pytest.mark.parametrize("fw", FRAMEWORKS)
+def test_cpu_build_on_a_gpu_host(tmp_path, fw):
+    """A GPU host (a fake nvidia-smi; an A100, which MXNet's GPU build supports) and this CPU
+    build: the gpu profile stops with the package to install; another profile runs on the
+    CPU and says so."""
+    out = run_on_fake_gpu_host(tmp_path, fw, A100, "gpu")
     assert "ERROR GPUBuildMissing" in out and "CPU build" in out and "Install" in out, out
-    out = run("smoke")
+    out = run_on_fake_gpu_host(tmp_path, fw, A100, "smoke")
     assert "NOTE:" in out and "CPU build" in out and "DEVICES" in out, out
+
+
+def test_mxnet_on_hopper_uses_cpu_contexts(tmp_path):
+    """No MXNet build has kernels for compute capability 9.0: installing the GPU build would
+    not help, so even the gpu profile runs on CPU contexts, with a note saying why."""
+    out = run_on_fake_gpu_host(tmp_path, "mxnet", H100, "gpu")
+    assert "no kernels for compute capability 9.0" in out and "DEVICES [cpu(0), cpu(1)]" in out, out
 
 
 def test_asking_for_more_devices_than_exist_says_what_to_do(observed):

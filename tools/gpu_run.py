@@ -83,79 +83,22 @@ TAIL = 4000                                               # characters of a log 
 
 # ---------------------------------------------------------------- the machine -------------
 def load_hardware():
-    """d2lmini/hardware.py loaded as a file (nothing else of d2lmini imported), or None."""
+    """d2lmini/hardware.py loaded as a file: standard library only, so it works before (and
+    without) d2lmini or any framework being importable."""
     path = ROOT / "d2lmini" / "hardware.py"
-    if not path.is_file():
-        return None
-    try:
-        spec = importlib.util.spec_from_file_location("_gpu_run_hardware", path)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = mod          # dataclasses look the module up while building
-        spec.loader.exec_module(mod)
-        return mod
-    except Exception:  # noqa: BLE001 -- a half-written module must not stop the run
-        sys.modules.pop("_gpu_run_hardware", None)
-        return None
-
-
-def _smi_gpus() -> list[dict]:
-    """nvidia-smi's GPUs, parsed here (when d2lmini.hardware is not available)."""
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return []
-    try:
-        out = subprocess.run([smi, "--query-gpu=index,name,compute_cap,memory.total,"
-                              "driver_version", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return []
-    gpus = []
-    for line in out.stdout.splitlines() if out.returncode == 0 else []:
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) < 5 or not parts[0].isdigit():
-            continue
-        mem = parts[-2]
-        gpus.append({"index": int(parts[0]), "name": ", ".join(parts[1:-3]),
-                     "compute_capability": parts[-3],
-                     "memory_mib": int(mem) if mem.isdigit() else None,
-                     "driver_version": parts[-1]})
-    cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if cvd is not None:                   # as CUDA numbers them (UUIDs: keep all)
-        raw = [e.strip() for e in cvd.split(",") if e.strip()]
-        if cvd.strip() in ("", "-1"):
-            return []
-        if not any(e.upper().startswith(("GPU-", "MIG-")) for e in raw):
-            by_index, chosen = {g["index"]: g for g in gpus}, []
-            for e in raw:
-                if not e.isdigit() or int(e) not in by_index or by_index[int(e)] in chosen:
-                    break
-                chosen.append(by_index[int(e)])
-            gpus = [dict(g, index=i) for i, g in enumerate(chosen)]
-    return gpus
+    spec = importlib.util.spec_from_file_location("_gpu_run_hardware", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod              # dataclasses look the module up while building
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def host_gpus() -> tuple[list[dict], str]:
     """The NVIDIA GPUs this process may use, and where that came from."""
-    hw = load_hardware()
-    if hw is not None and hasattr(hw, "nvidia_gpus"):
-        try:
-            return [{"index": g.index, "name": g.name,
-                     "compute_capability": "%d.%d" % tuple(g.compute_capability),
-                     "memory_mib": g.memory_mib, "driver_version": g.driver_version}
-                    for g in hw.nvidia_gpus()], "d2lmini.hardware.nvidia_gpus"
-        except Exception:  # noqa: BLE001
-            pass
-    return _smi_gpus(), "nvidia-smi"
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return [{"index": g.index, "name": g.name,
+             "compute_capability": "%d.%d" % tuple(g.compute_capability),
+             "memory_mib": g.memory_mib, "driver_version": g.driver_version}
+            for g in load_hardware().nvidia_gpus()], "d2lmini.hardware.nvidia_gpus"
 
 
 def detect_frameworks() -> dict:
@@ -175,17 +118,9 @@ def detect_frameworks() -> dict:
 
 
 def dist_versions() -> dict:
-    from importlib import metadata
-    names = ("numpy", "matplotlib", "torch", "jax", "jaxlib", "jax-cuda12-plugin",
-             "jax-cuda13-plugin", "flax", "optax", "paddlepaddle", "paddlepaddle-gpu", "mxnet",
-             "mxnet-cu112", "pytest", "nbval", "ipykernel", "nbformat", "jupyter_client")
-    out = {}
-    for n in names:
-        try:
-            out[n] = metadata.version(n)
-        except metadata.PackageNotFoundError:
-            pass
-    return out
+    hw = load_hardware()
+    return hw.package_versions(*hw.FRAMEWORK_PACKAGES, "matplotlib", "pytest", "nbval",
+                               "ipykernel", "nbformat", "jupyter_client")
 
 
 # What each framework reports about itself; printed as one JSON line by a subprocess.
@@ -754,7 +689,8 @@ def main(argv=None) -> int:
         machine = {
             "gpus": gpus, "gpu_source": gpu_source,
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-            "cpu": cpu_model(), "cpu_cores": os.cpu_count(), "platform": platform.platform(),
+            "cpu": load_hardware().cpu_model(), "cpu_cores": os.cpu_count(),
+            "platform": platform.platform(),
             "python": platform.python_version(), "python_executable": sys.executable,
             "packages": dist_versions(),
             "frameworks": {fw: dict(found[fw], probe=probes[fw].result() if fw in probes
