@@ -59,9 +59,12 @@ PROFILES: dict[str, Profile] = {
         scratch=TrainHP(train_samples=6000, test_samples=2000, epochs=1,
                         batch_size=128, lr=0.5, big_batch_size=256, big_lr=0.9,
                         min_test_acc=0.05),
+        # Concise: one epoch on 512 images leaves the ResNet near chance too (0.148 seen with 4
+        # devices on an AMD EPYC, where 0.15 was the threshold): smoke checks a valid accuracy
+        # only, as for the scratch chapter; the cpu profile checks that training learns.
         concise=TrainHP(train_samples=512, test_samples=256, epochs=1,
                         batch_size=64, lr=0.05, big_batch_size=128, big_lr=0.1,
-                        width=8, min_test_acc=0.15),
+                        width=8, min_test_acc=0.05),
     ),
     "cpu": Profile(
         name="cpu",
