@@ -16,7 +16,8 @@ from __future__ import annotations
 import dataclasses
 import os
 
-__all__ = ["Profile", "PROFILES", "get_profile", "num_simulated_devices", "requested_devices",
+__all__ = ["Profile", "PROFILES", "get_profile", "num_simulated_devices",
+           "requested_devices",
            "host_has_gpu", "DevicePlan", "GPUBuildMissing", "plan_devices", "device_plan",
            "reset_device_plans", "exact_numerics"]
 
@@ -159,6 +160,11 @@ class DevicePlan:
     stand_ins: bool
     note: str | None
 
+    def gpu_ids(self) -> list[int]:
+        """The GPU behind each of the ``count`` devices: 0, 1, ..., cycling when there are
+        fewer GPUs than devices (stand-ins)."""
+        return [i % self.gpus for i in range(self.count)] if self.kind == "gpu" else []
+
 
 def plan_devices(framework: str, framework_gpus: int, *, at_least: int = 1,
                  stand_in: str = "repeat", unsupported: str | None = None) -> DevicePlan:
@@ -188,16 +194,14 @@ def plan_devices(framework: str, framework_gpus: int, *, at_least: int = 1,
     if requested is not None and requested < at_least:
         short = (f"NOTE: this lesson needs at least {at_least} devices and "
                  f"D2LMINI_NUM_DEVICES={requested}: it uses {at_least} stand-ins.")
-        requested = at_least
+    cpu_k = max(requested or DEFAULT_SIMULATED_DEVICES, at_least)    # simulated CPU devices
     if unsupported:
-        k = max(requested or DEFAULT_SIMULATED_DEVICES, at_least)
-        return DevicePlan("cpu", k, 0, False,
-                          f"{unsupported} Using {k} simulated CPU device(s) instead.")
+        return DevicePlan("cpu", cpu_k, 0, False,
+                          f"NOTE: {unsupported} Using {cpu_k} simulated CPU device(s) instead.")
     if framework_gpus == 0:
-        k = max(requested or DEFAULT_SIMULATED_DEVICES, at_least)
         host = nvidia_gpus()
         if not host:
-            return DevicePlan("cpu", k, 0, short is not None, short)
+            return DevicePlan("cpu", cpu_k, 0, short is not None, short)
         what = (f"{framework} sees no GPU, but this machine has {len(host)} "
                 f"({host[0].name}): the installed {framework} is a CPU build.")
         if get_profile().name == "gpu":
@@ -205,8 +209,8 @@ def plan_devices(framework: str, framework_gpus: int, *, at_least: int = 1,
                 f"{what} The gpu profile does not fall back to the CPU. Install the GPU build: "
                 f"{gpu_build_fix(framework)}  -- or run on the CPU on purpose with "
                 f"D2LMINI_PROFILE=cpu (and CUDA_VISIBLE_DEVICES= to hide the GPUs).")
-        return DevicePlan("cpu", k, 0, False,
-                          f"NOTE: {what} Running on {k} simulated CPU device(s) under the "
+        return DevicePlan("cpu", cpu_k, 0, False,
+                          f"NOTE: {what} Running on {cpu_k} simulated CPU device(s) under the "
                           f"{get_profile().name} profile. For the GPU: {gpu_build_fix(framework)}")
     k = max(requested or framework_gpus, at_least)
     if k <= framework_gpus:
@@ -224,32 +228,28 @@ def plan_devices(framework: str, framework_gpus: int, *, at_least: int = 1,
                       f"are exact, but nothing runs in parallel: no speed-up to expect.")
 
 
-_PLANS: dict[str, DevicePlan] = {}
-_LESSON_MINIMUM: dict[str, int] = {}
+_PLANS: dict[str, DevicePlan] = {}     # framework -> the plan of this process's lesson
 
 
 def device_plan(framework: str, count_gpus, at_least: int = 1, **kwargs) -> DevicePlan:
-    """:func:`plan_devices` for ``framework``, decided once per process and minimum
-    (``count_gpus()`` is called then); its note, if any, is printed that first time -- by the
-    notebook's setup cell.
+    """:func:`plan_devices` for ``framework``, decided once per process (``count_gpus()`` is
+    called then); its note, if any, is printed that first time -- by the notebook's setup cell.
 
     One process is one lesson: once it has asked for ``at_least=n`` devices, later calls
-    (``get_devices``, ``try_all_gpus()`` in a helper) get the same n-or-more devices."""
-    at_least = max(at_least, _LESSON_MINIMUM.get(framework, 1))
-    _LESSON_MINIMUM[framework] = at_least
-    key = f"{framework}/{at_least}"
-    if key not in _PLANS:
-        plan = plan_devices(framework, count_gpus(), at_least=at_least, **kwargs)
+    (``get_devices``, ``try_all_gpus()`` in a helper) get the same n-or-more devices; only a
+    larger ``at_least`` decides again."""
+    plan = _PLANS.get(framework)
+    if plan is None or plan.count < at_least:
+        plan = _PLANS[framework] = plan_devices(framework, count_gpus(), at_least=at_least,
+                                                **kwargs)
         if plan.note:
             print(plan.note)
-        _PLANS[key] = plan
-    return _PLANS[key]
+    return plan
 
 
 def reset_device_plans() -> None:
     """Forget the decided plans (tests that change the environment)."""
     _PLANS.clear()
-    _LESSON_MINIMUM.clear()
 
 
 def exact_numerics() -> bool:

@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from importlib import metadata
 
 from .hardware import (GPU_BUILDS, GpuInfo, canonical_framework, gpu_build_fix,
-                       gpu_builds_installed, mxnet_gpu_support, nvidia_gpus)
+                       gpu_builds_installed, mxnet_unsupported_gpu, nvidia_gpus)
 
 FRAMEWORKS = ("torch", "jax", "paddle", "mxnet")
 MODULES = {"torch": "torch", "jax": "jax", "paddle": "paddle", "mxnet": "mxnet"}
@@ -335,12 +335,10 @@ def diagnose(frameworks, require=(), timeout: float = DEFAULT_TIMEOUT) -> dict:
 
         unsupported = None
         if fw == "mxnet" and host:
-            bad = [g for g in host if not mxnet_gpu_support(g.compute_capability)[0]]
-            r.gpu_supported = not bad
+            bad = mxnet_unsupported_gpu(host)
+            r.gpu_supported = bad is None
             if bad:
-                g = bad[0]
-                unsupported = f"GPU {g.index} ({g.name}): " \
-                              f"{mxnet_gpu_support(g.compute_capability)[1]}"
+                unsupported = bad[1]
         # d2lmini.mxnet uses CPU contexts on such a GPU whatever the build (the GPU build
         # would not run there either), so the plan is asked with the reason in both cases.
         r.lessons = _lessons(fw, r.gpus, unsupported)
@@ -349,12 +347,9 @@ def diagnose(frameworks, require=(), timeout: float = DEFAULT_TIMEOUT) -> dict:
         if unsupported:
             r.status = "problem"
             cc = "%d.%d" % bad[0].compute_capability
-            then = ("With this CPU build, under the gpu profile in force, the MXNet notebooks "
-                    "stop with GPUBuildMissing; under the cpu or smoke profile they use CPU "
-                    "contexts." if stops else
-                    "The MXNet notebooks use CPU contexts here and print a note saying so.")
             problem(fw, f"MXNet is not supported on this GPU (compute capability {cc}). "
-                        f"{unsupported} {then}",
+                        f"{unsupported} The MXNet notebooks use CPU contexts here and print a "
+                        f"note saying so.",
                     f"none on compute capability {cc} (no MXNet build has kernels for it): "
                     f"run the MXNet notebooks on CPU contexts (D2LMINI_PROFILE=cpu), on a GPU "
                     f"of compute capability 5.0-8.9 (make gpu-venv FW=mxnet there), or use "

@@ -25,7 +25,8 @@ import subprocess
 from functools import lru_cache
 from importlib import metadata
 
-__all__ = ["GpuInfo", "cpu_model", "package_versions", "FRAMEWORK_PACKAGES", "nvidia_gpus", "parse_nvidia_smi", "visible_gpus", "mxnet_gpu_support",
+__all__ = ["GpuInfo", "cpu_model", "package_versions", "FRAMEWORK_PACKAGES", "nvidia_gpus",
+           "parse_nvidia_smi", "visible_gpus", "mxnet_gpu_support", "mxnet_unsupported_gpu",
            "MXNET_SASS", "GpuBuild", "GPU_BUILDS", "PADDLE_INDEX", "canonical_framework",
            "gpu_build_fix", "gpu_builds_installed", "pip_commands", "driver_too_old"]
 
@@ -209,6 +210,16 @@ def mxnet_gpu_support(cc: tuple[int, int]) -> tuple[bool, str]:
         f"its first GPU operator fails with \"no kernel image is available for execution on "
         f"the device\". Use MXNet's CPU contexts (mx.cpu(i)), a GPU of compute capability "
         f"5.x-8.x, or another framework for GPU runs.")
+
+
+def mxnet_unsupported_gpu(gpus: list[GpuInfo] | None = None) -> tuple[GpuInfo, str] | None:
+    """The first of ``gpus`` (default: :func:`nvidia_gpus`) that MXNet 1.9.1 has no kernels
+    for, with a sentence saying so; None when it can run on all of them."""
+    for gpu in nvidia_gpus() if gpus is None else gpus:
+        ok, reason = mxnet_gpu_support(gpu.compute_capability)
+        if not ok:
+            return gpu, f"GPU {gpu.index} ({gpu.name}): {reason}"
+    return None
 
 
 # --- How to install each framework's GPU build ------------------------------------------------

@@ -29,7 +29,7 @@ from mxnet import gluon, nd  # noqa: E402
 from mxnet.gluon import nn  # noqa: E402
 
 from .config import device_plan  # noqa: E402
-from .hardware import mxnet_gpu_support, nvidia_gpus  # noqa: E402
+from .hardware import mxnet_unsupported_gpu  # noqa: E402
 from .utils import check_device_count, evaluate_accuracy_with, shard_slices  # noqa: E402
 
 FRAMEWORK = "mxnet"
@@ -50,11 +50,8 @@ def unsupported_gpu() -> str | None:
     """Why MXNet cannot run on this machine's GPUs, or None (no GPU, or every GPU has kernels
     in MXNet's GPU build).  Asked whatever build is installed: on a Hopper GPU the CPU build is
     not an error to fix -- the GPU build would not run there either."""
-    for gpu in nvidia_gpus():
-        ok, reason = mxnet_gpu_support(gpu.compute_capability)
-        if not ok:
-            return f"NOTE: GPU {gpu.index} ({gpu.name}): {reason}"
-    return None
+    found = mxnet_unsupported_gpu()
+    return found[1] if found else None
 
 
 def plan(at_least: int = 1):
@@ -69,7 +66,7 @@ def try_all_gpus(at_least: int = 1) -> list:
     ``at_least``: the fewest devices the lesson needs; fewer real ones give stand-ins."""
     p = plan(at_least)
     if p.kind == "gpu":
-        return [mx.gpu(i % p.gpus) for i in range(p.count)]
+        return [mx.gpu(i) for i in p.gpu_ids()]
     return [mx.cpu(i) for i in range(p.count)]
 
 

@@ -68,7 +68,7 @@ def try_all_gpus(at_least: int = 1) -> list:
     ``at_least``: the fewest devices the lesson needs; fewer real ones give stand-ins."""
     p = plan(at_least)
     if p.kind == "gpu":
-        return [paddle.CUDAPlace(i % p.gpus) for i in range(p.count)]
+        return [paddle.CUDAPlace(i) for i in p.gpu_ids()]
     return [paddle.CPUPlace() for _ in range(p.count)]
 
 

@@ -3,9 +3,9 @@
 Devices: ``cuda:i`` when there are GPUs (``D2LMINI_NUM_DEVICES`` of them; more than exist are
 stand-ins, the GPUs repeated -- see :func:`d2lmini.config.plan_devices`).  Without CUDA,
 PyTorch has a single CPU device, so ``try_all_gpus()`` returns ``D2LMINI_NUM_DEVICES``
-*stand-ins*: the same ``torch.device('cpu')`` repeated.  Code written against the list (one parameter copy and
-one shard per entry) runs unchanged on GPUs; on the CPU the copies are separate tensors in
-the same memory.  Real multi-process data parallelism on the CPU uses
+*stand-ins*: the same ``torch.device('cpu')`` repeated.  Code written against the list (one
+parameter copy and one shard per entry) runs unchanged on GPUs; on the CPU the copies are
+separate tensors in the same memory.  Real multi-process data parallelism on the CPU uses
 ``torch.distributed`` with the gloo backend (concise chapter).
 """
 from __future__ import annotations
@@ -52,7 +52,7 @@ def try_all_gpus(at_least: int = 1) -> list[torch.device]:
     ``at_least``: the fewest devices the lesson needs; fewer real ones give stand-ins."""
     p = plan(at_least)
     if p.kind == "gpu":
-        return [torch.device(f"cuda:{i % p.gpus}") for i in range(p.count)]
+        return [torch.device(f"cuda:{i}") for i in p.gpu_ids()]
     return [torch.device("cpu")] * p.count
 
 

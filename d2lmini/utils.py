@@ -122,7 +122,8 @@ def predictions_agree(logits_a, logits_b, margin: float = TIE_MARGIN) -> bool:
     """
     a, b = np.asarray(logits_a, np.float64), np.asarray(logits_b, np.float64)
     if a.shape != b.shape or a.ndim != 2:
-        raise ValueError(f"expected two (n, classes) arrays of one shape, got {a.shape} and {b.shape}")
+        raise ValueError(f"expected two (n, classes) arrays of one shape, got {a.shape} and "
+                         f"{b.shape}")
     top2 = np.sort(a, axis=1)[:, -2:]
     clear = (top2[:, 1] - top2[:, 0]) > margin
     return bool(np.array_equal(a.argmax(1)[clear], b.argmax(1)[clear]))

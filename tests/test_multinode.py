@@ -64,7 +64,8 @@ def test_two_nodes_on_one_machine(tmp_path, framework, cmds):
     env = paddle_env() if framework == "paddle" else CPU_ONLY
     if framework == "paddle":               # the launcher reads the variable's presence
         c = [["env", "-u", "CUDA_VISIBLE_DEVICES", *cmd] for cmd in c]
-    launch.run_all(c, timeout=300, envs=[env] * len(c))
+    # cwd: Paddle's launcher writes its key-value store's http.log into the working directory
+    launch.run_all(c, timeout=300, envs=[env] * len(c), cwd=str(tmp_path))
     check(launch.read_rank_results(tmp_path, 2), 2)
 
 

@@ -68,6 +68,8 @@ import xml.etree.ElementTree as ET
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from gpu_env import hw   # d2lmini/hardware.py, loaded once as a file: standard library only
+
 ROOT = Path(__file__).resolve().parents[1]
 FRAMEWORKS = ("mxnet", "torch", "jax", "paddle")          # the book's order
 NOTEBOOK = {"mxnet": "mxnet", "torch": "pytorch", "jax": "jax", "paddle": "paddle"}
@@ -82,23 +84,12 @@ TAIL = 4000                                               # characters of a log 
 
 
 # ---------------------------------------------------------------- the machine -------------
-def load_hardware():
-    """d2lmini/hardware.py loaded as a file: standard library only, so it works before (and
-    without) d2lmini or any framework being importable."""
-    path = ROOT / "d2lmini" / "hardware.py"
-    spec = importlib.util.spec_from_file_location("_gpu_run_hardware", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod              # dataclasses look the module up while building
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def host_gpus() -> tuple[list[dict], str]:
     """The NVIDIA GPUs this process may use, and where that came from."""
     return [{"index": g.index, "name": g.name,
              "compute_capability": "%d.%d" % tuple(g.compute_capability),
              "memory_mib": g.memory_mib, "driver_version": g.driver_version}
-            for g in load_hardware().nvidia_gpus()], "d2lmini.hardware.nvidia_gpus"
+            for g in hw.nvidia_gpus()], "d2lmini.hardware.nvidia_gpus"
 
 
 def detect_frameworks() -> dict:
@@ -118,7 +109,6 @@ def detect_frameworks() -> dict:
 
 
 def dist_versions() -> dict:
-    hw = load_hardware()
     return hw.package_versions(*hw.FRAMEWORK_PACKAGES, "matplotlib", "pytest", "nbval",
                                "ipykernel", "nbformat", "jupyter_client")
 
@@ -689,7 +679,7 @@ def main(argv=None) -> int:
         machine = {
             "gpus": gpus, "gpu_source": gpu_source,
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-            "cpu": load_hardware().cpu_model(), "cpu_cores": os.cpu_count(),
+            "cpu": hw.cpu_model(), "cpu_cores": os.cpu_count(),
             "platform": platform.platform(),
             "python": platform.python_version(), "python_executable": sys.executable,
             "packages": dist_versions(),
