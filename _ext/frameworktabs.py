@@ -9,11 +9,17 @@ finds, in ``chapters/scratch/{mxnet,pytorch,jax,paddle}.ipynb``, the code cells 
 ``step:allreduce`` (cell metadata ``tags``) and renders them as a sphinx-design tab-set, one
 tab per framework, synchronised across the page.  The code shown is therefore always the
 code that ran in the executed notebook.  A step missing from any notebook is a build error.
+A tagged cell that defines functions or classes shows only those definitions (with their
+decorators and the comment lines just above them): a demonstration line that follows a
+definition in the notebook is not part of the step.
+
+The side-by-side view (``sidebyside.py``) uses the same cells.
 
 ``step_cells`` is also used by the tests (tests/test_steps.py).
 """
 from __future__ import annotations
 
+import ast
 import json
 import os
 from pathlib import Path
@@ -24,11 +30,31 @@ from sphinx.util.docutils import SphinxDirective
 
 FRAMEWORKS = [("mxnet", "MXNet"), ("pytorch", "PyTorch"), ("jax", "JAX"), ("paddle", "Paddle")]
 TAG_PREFIX = "step:"
-HIDDEN_PREFIXES = ("# NBVAL_",)
+
+
+def definitions_only(src: str) -> str:
+    """The top-level ``def``/``class`` blocks of ``src`` (decorators and the comment lines
+    directly above included), or ``src`` itself when it defines nothing."""
+    try:
+        tree = ast.parse(src)
+    except SyntaxError:
+        return src
+    defs = [n for n in tree.body
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+    if not defs:
+        return src
+    lines = src.splitlines()
+    blocks = []
+    for n in defs:
+        start = min([n.lineno] + [d.lineno for d in n.decorator_list]) - 1
+        while start > 0 and lines[start - 1].lstrip().startswith("#"):
+            start -= 1
+        blocks.append("\n".join(lines[start:n.end_lineno]).rstrip())
+    return "\n\n\n".join(blocks)
 
 
 def step_tags(nb_path: Path) -> dict[str, list[str]]:
-    """``{step: [code of each tagged cell]}`` for one notebook (markers stripped)."""
+    """``{step: [code of each tagged cell]}`` for one notebook (see ``definitions_only``)."""
     nb = json.loads(Path(nb_path).read_text())
     steps: dict[str, list[str]] = {}
     for cell in nb["cells"]:
@@ -36,9 +62,7 @@ def step_tags(nb_path: Path) -> dict[str, list[str]]:
             continue
         for tag in cell.get("metadata", {}).get("tags", []):
             if tag.startswith(TAG_PREFIX):
-                src = "".join(cell["source"])
-                src = "\n".join(l for l in src.splitlines()
-                                if not l.lstrip().startswith(HIDDEN_PREFIXES))
+                src = definitions_only("".join(cell["source"]))
                 steps.setdefault(tag[len(TAG_PREFIX):], []).append(src.strip("\n"))
     return steps
 

@@ -113,3 +113,67 @@ def test_rendered_book_hides_the_test_machinery(built_book):
     for nb, src in removed:
         text = html_lib.unescape(re.sub(r"<[^>]+>", "", (html / nb.with_suffix(".html")).read_text()))
         assert src not in text, f"{nb}: a remove-cell cell is rendered: {src[:80]!r}"
+
+
+# -- the main path: visible prose within the budget, deep dives folded -------------------------
+
+def _prose_budget():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("prose_budget", ROOT / "tools" / "prose_budget.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_every_page_keeps_its_visible_prose_within_the_budget():
+    pb = _prose_budget()
+    counts = {str(p.relative_to(ROOT)): pb.visible_words(p) for p in pb.pages()}
+    assert len(counts) == len(toc_files())
+    over = {p: n for p, n in counts.items() if n > pb.BUDGET}
+    assert not over, f"visible words above {pb.BUDGET} (fold deep dives into dropdowns): {over}"
+
+
+def test_the_prose_count_skips_exactly_the_folded_blocks():
+    pb = _prose_budget()
+    md = "\n".join([
+        "One two three.",
+        ":::{dropdown} Why four",
+        "hidden hidden hidden",
+        "```python",
+        "x = 1",
+        "```",
+        ":::",
+        "::::{note} Seen title",
+        ":class: dropdown",
+        "hidden too",
+        "::::",
+        "::::{note}",
+        "shown words",
+        ":::{dropdown} Folded",
+        "hidden inner",
+        ":::",
+        "::::",
+        "```python",
+        "code is not prose",
+        "```",
+        "$$a + b$$",
+        "Last `word`.",
+    ])
+    words = pb.WORD.findall(pb.visible_text(md))
+    assert words == ["One", "two", "three.", "Why", "four", "Seen", "title", "shown", "words",
+                     "Folded", "Last", "`word`."], words
+
+
+def test_folded_blocks_render_folded(built_book):
+    """Every dropdown of a notebook's markdown becomes a closed <details> on its page, and no
+    fence is left as text."""
+    html, _ = built_book
+    for nb in sorted(ROOT.glob("chapters/*/*.ipynb")):
+        cells = json.loads(nb.read_text())["cells"]
+        md = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+        n = len(re.findall(r"^:{3,}\{dropdown\}", md, flags=re.M))
+        page = (html / nb.relative_to(ROOT).with_suffix(".html")).read_text()
+        shown = len(re.findall(r'<details class="[^"]*sd-dropdown', page))
+        assert shown == n, f"{nb.name}: {n} dropdowns in the notebook, {shown} on the page"
+        assert "{dropdown}" not in page, f"{nb.name}: a dropdown fence rendered as text"
+        assert not re.search(r'<details class="[^"]*sd-dropdown[^>]*\bopen\b', page)

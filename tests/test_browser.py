@@ -133,3 +133,90 @@ def test_framework_tabs_switch_together(site, browser):
         assert all(v == [label] for v in visible), (label, visible)
     page.close()
     assert not problems, problems
+
+
+def open_at(browser, url, width, height=900):
+    page = browser.new_page(viewport={"width": width, "height": height})
+    problems = []
+    page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}")
+            if m.type == "error" else None)
+    page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+    page.goto(url, wait_until="networkidle")
+    return page, problems
+
+
+SBS_PAGES = ["chapters/comparison/index.html", "chapters/scratch/index.html"]
+
+SHOWN = """boxes => boxes.map(box => [...box.querySelectorAll('.sbs-row')].map(row =>
+    [...row.querySelectorAll('.sbs-cell')].filter(c => c.offsetParent !== null)
+        .map(c => [c.querySelector('.sbs-label').textContent.trim(),
+                   Math.round(c.getBoundingClientRect().left),
+                   Math.round(c.getBoundingClientRect().top)])
+        .sort((a, b) => a[1] - b[1])))"""
+
+
+@pytest.mark.parametrize("path", SBS_PAGES)
+def test_side_by_side_view_shows_any_two_frameworks_aligned(site, browser, path):
+    html, base = site
+    page, problems = open_at(browser, base + path, 1400)
+    assert page.locator(".sbs").count() >= 1, f"{path}: no side-by-side view"
+
+    def rows():
+        return [r for box in page.eval_on_selector_all(".sbs", SHOWN) for r in box]
+
+    # the default pair, then every other pair, chosen with the menus
+    pairs = [("PyTorch", "JAX"), ("Paddle", "MXNet"), ("MXNet", "JAX"), ("JAX", "Paddle")]
+    for left, right in pairs:
+        if (left, right) != pairs[0]:
+            page.locator(".sbs-left").first.select_option(label=left)
+            page.locator(".sbs-right").first.select_option(label=right)
+        got = rows()
+        assert len(got) >= 4, f"{path}: {len(got)} steps shown"
+        for row in got:
+            assert [c[0] for c in row] == [left, right], (path, left, right, row)
+            assert row[0][2] == row[1][2], f"{path}: the two columns of a step do not align: {row}"
+            assert row[0][1] < row[1][1]
+    # all side-by-side blocks of the page follow one choice
+    menus = page.eval_on_selector_all(".sbs select", "els => els.map(e => e.value)")
+    assert set(menus) == {"jax", "paddle"}
+    # code wraps inside its column rather than running past it
+    over = page.eval_on_selector_all(
+        ".sbs-cell.sbs-shown pre", "els => els.filter(e => e.scrollWidth > e.clientWidth + 1).length")
+    assert over == 0, f"{path}: {over} code blocks overflow their column"
+    page.close()
+    assert not problems, problems
+
+
+@pytest.mark.parametrize("width", [1400, 1280, 1024])
+def test_concept_map_fits_the_page(site, browser, width):
+    html, base = site
+    page, problems = open_at(browser, base + "chapters/comparison/index.html", width)
+    table = page.locator(".concept-map table")
+    assert table.count() == 1
+    fit = table.evaluate("""t => {
+        const box = t.parentElement;
+        const last = t.querySelector('thead th:last-child').getBoundingClientRect();
+        return {scroll: box.scrollWidth, client: box.clientWidth, table: t.scrollWidth,
+                right: last.right, view: window.innerWidth,
+                header: t.querySelector('thead th:last-child').textContent.trim()};
+    }""")
+    assert fit["header"] == "Paddle"
+    assert fit["scroll"] <= fit["client"] + 1, f"concept map overflows at {width}px: {fit}"
+    assert fit["right"] <= fit["view"], f"the Paddle column is cut off at {width}px: {fit}"
+    page.close()
+    assert not problems, problems
+
+
+@pytest.mark.parametrize("path", ["chapters/comparison/index.html", "chapters/scratch/index.html",
+                                  "chapters/devices/index.html", "chapters/concise/index.html"])
+def test_code_never_runs_past_its_box(site, browser, path):
+    """A long line either wraps or scrolls inside its box; it is never drawn outside it."""
+    html, base = site
+    page, problems = open_at(browser, base + path, 1400)
+    spill = page.eval_on_selector_all("pre", """els => els.filter(e => e.offsetParent !== null)
+        .filter(e => e.scrollWidth > e.clientWidth + 1
+                     && !['auto', 'scroll'].includes(getComputedStyle(e).overflowX))
+        .map(e => e.textContent.slice(0, 60))""")
+    assert not spill, f"{path}: code drawn outside its box: {spill}"
+    page.close()
+    assert not problems, problems

@@ -1,5 +1,6 @@
-"""Side-by-side code cannot drift: every step a page shows in framework tabs is tagged in all
-four notebooks of its chapter, and the four notebooks of a chapter tag the same steps."""
+"""Side-by-side code cannot drift: every step a page shows in framework tabs or in the
+side-by-side view is tagged in all four notebooks of its chapter, and the four notebooks of a
+chapter tag the same steps."""
 import json
 import re
 import sys
@@ -9,9 +10,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "_ext"))
-from frameworktabs import FRAMEWORKS, step_cells, step_tags  # noqa: E402
+from frameworktabs import FRAMEWORKS, definitions_only, step_cells, step_tags  # noqa: E402
 
-DIRECTIVE = re.compile(r"```\{framework-tabs\}\s+(\S+)\s+(\S+)")
+DIRECTIVE = re.compile(r"```\{(framework-tabs|side-by-side)\}[ \t]+(\S+)[ \t]+([^\n]+)")
 
 
 def pages():
@@ -23,8 +24,15 @@ def pages():
 
 
 def referenced_steps():
-    return sorted({(m.group(1), m.group(2), str(p.relative_to(ROOT)))
-                   for p, text in pages() for m in DIRECTIVE.finditer(text)})
+    return sorted({(m.group(2), step, str(p.relative_to(ROOT)))
+                   for p, text in pages() for m in DIRECTIVE.finditer(text)
+                   for step in m.group(3).split()})
+
+
+def test_pages_use_the_side_by_side_view():
+    views = {str(p.relative_to(ROOT)) for p, text in pages() for m in DIRECTIVE.finditer(text)
+             if m.group(1) == "side-by-side"}
+    assert {"chapters/comparison/index.md", "chapters/scratch/index.md"} <= views
 
 
 def chapters_with_notebooks():
@@ -63,10 +71,23 @@ def test_a_missing_step_is_an_error_that_names_the_notebook(tmp_path):
         step_cells(tmp_path, "demo", "split")
 
 
-def test_markers_are_stripped_from_shown_code(tmp_path):
+def test_a_step_shows_its_definitions_not_the_demo_lines_around_them(tmp_path):
+    src = ("import math\n"
+           "# the step\n"
+           "@decorate\n"
+           "def step(x):\n"
+           "    return x\n"
+           "\n"
+           "data_k = step(1)   # a demonstration, not part of the step\n"
+           "class Helper:\n"
+           "    pass\n")
+    shown = definitions_only(src)
+    assert shown.startswith("# the step\n@decorate\ndef step(x):")
+    assert "class Helper:" in shown and "data_k" not in shown and "import math" not in shown
+    assert definitions_only("x = 1\nprint(x)\n") == "x = 1\nprint(x)\n"   # no definition: all
     nb = {"cells": [{"cell_type": "code", "metadata": {"tags": ["step:x"]}, "outputs": [],
-                     "source": ["# NBVAL_IGNORE_OUTPUT\n", "y = 1\n"]}],
+                     "source": src.splitlines(keepends=True)}],
           "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
     p = tmp_path / "n.ipynb"
     p.write_text(json.dumps(nb))
-    assert step_tags(p) == {"x": ["y = 1"]}
+    assert step_tags(p) == {"x": [shown]}
