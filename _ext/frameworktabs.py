@@ -86,6 +86,44 @@ def step_cells(root: Path, chapter: str, step: str) -> dict[str, str]:
     return found
 
 
+def script_functions(root: Path, pattern: str, step: str) -> dict[str, str]:
+    """The top-level function ``step`` of each framework's script ``pattern`` (a path relative
+    to the book's root with ``{fw}`` for the framework key, e.g.
+    ``chapters/concise/recipe/{fw}_dp.py``), with its decorators and the comments above it.
+
+    Raises ``LookupError`` naming every script that lacks it.
+    """
+    found, missing = {}, []
+    for key, _ in FRAMEWORKS:
+        path = Path(root) / pattern.format(fw=key)
+        src = path.read_text() if path.is_file() else ""
+        try:
+            tree = ast.parse(src)
+        except SyntaxError:
+            tree = ast.parse("")
+        node = next((n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))
+                     and n.name == step), None)
+        if node is None:
+            missing.append(pattern.format(fw=key))
+            continue
+        lines = src.splitlines()
+        start = min([node.lineno] + [d.lineno for d in node.decorator_list]) - 1
+        while start > 0 and lines[start - 1].lstrip().startswith("#"):
+            start -= 1
+        found[key] = "\n".join(lines[start:node.end_lineno]).rstrip()
+    if missing:
+        raise LookupError(f"function {step!r} is not defined in: " + ", ".join(missing))
+    return found
+
+
+def step_code(root: Path, source: str, step: str) -> dict[str, str]:
+    """``step`` in each framework: from the notebooks of chapter ``source``, or, when
+    ``source`` is a script pattern containing ``{fw}``, from those scripts."""
+    if "{fw}" in source:
+        return script_functions(root, source, step)
+    return step_cells(root, source, step)
+
+
 class FrameworkTabs(SphinxDirective):
     required_arguments = 2   # chapter, step
     has_content = False

@@ -7,7 +7,9 @@ Usage in a MyST page::
 
 shows, for each listed step of the chapter, the code cells tagged ``step:<name>`` in the four
 notebooks (the same cells as the framework tabs, ``frameworktabs.step_cells``), one row per
-step.  Two menus above the rows choose the left and the right framework; every row then shows
+step.  The first argument may instead be a script pattern with ``{fw}``, e.g.
+``chapters/concise/recipe/{fw}_dp.py``: the steps are then the scripts' functions of those
+names (``frameworktabs.script_functions``).  Two menus above the rows choose the left and the right framework; every row then shows
 those two side by side, so the same step of the two programs sits at the same height.  All
 four frameworks' code is in the page; the script only chooses which two are shown (without
 JavaScript the page shows the default pair, PyTorch and JAX).
@@ -25,7 +27,7 @@ from pygments.token import Comment
 from docutils import nodes
 from sphinx.util.docutils import SphinxDirective
 
-from frameworktabs import FRAMEWORKS, step_cells
+from frameworktabs import FRAMEWORKS, step_code
 
 STATIC = Path(__file__).parent / "static"
 DEFAULT = ("pytorch", "jax")
@@ -86,12 +88,13 @@ class SideBySide(SphinxDirective):
         chapter, steps = self.arguments[0], self.arguments[1:]
         root = Path(self.env.srcdir)
         for key, _ in FRAMEWORKS:
-            self.env.note_dependency(str(root / "chapters" / chapter / f"{key}.ipynb"))
+            self.env.note_dependency(str(root / chapter.format(fw=key)) if "{fw}" in chapter
+                                     else str(root / "chapters" / chapter / f"{key}.ipynb"))
         outer = nodes.container(classes=["sbs"])
         outer += nodes.raw("", controls_html(), format="html")
         for step in steps:
             try:
-                code = step_cells(root, chapter, step)
+                code = step_code(root, chapter, step)
             except LookupError as e:
                 raise self.error(str(e))
             row = nodes.container(classes=["sbs-step"])

@@ -172,3 +172,74 @@ def resnet18(num_classes: int = 10, in_channels: int = 1, width: int = 64,
             return nn.Dense(self.num_classes)(X)
 
     return ResNet18(num_classes=num_classes, width=width)
+
+
+# Flax names a module's submodules by creation order (Conv_0, BatchNorm_0, ...).  In a
+# Residual block they are created in the order conv1, bn1, conv2, bn2, conv3 (the shortcut).
+_BLOCK_ROLES = {"Conv_0": "conv1", "BatchNorm_0": "bn1", "Conv_1": "conv2",
+                "BatchNorm_1": "bn2", "Conv_2": "conv3"}
+# Flax's tensor names -> the canonical ones (d2lmini.models).
+_LEAF_NAMES = {"BatchNorm": {"scale": "gamma", "bias": "beta", "mean": "running_mean",
+                             "var": "running_var"},
+               "Conv": {"kernel": "weight", "bias": "bias"},
+               "Dense": {"kernel": "weight", "bias": "bias"}}
+
+
+def _canonical_module(path: tuple) -> str | None:
+    """The canonical name (d2lmini.models) of ``resnet18``'s submodule at Flax ``path``."""
+    top = {("Conv_0",): "stem.conv", ("BatchNorm_0",): "stem.bn", ("Dense_0",): "fc"}
+    if path in top:
+        return top[path]
+    if len(path) == 2 and path[0].startswith("Residual_") and path[1] in _BLOCK_ROLES:
+        r = int(path[0].split("_")[1])         # blocks 0..7: stage r // 2 + 1, block r % 2
+        return f"stage{r // 2 + 1}.{r % 2}.{_BLOCK_ROLES[path[1]]}"
+    return None
+
+
+def _to_flax_layout(module: str, leaf: str, a: np.ndarray) -> np.ndarray:
+    """Canonical (PyTorch) layout -> Flax's: conv OIHW -> HWIO, dense (out, in) -> (in, out)."""
+    if leaf == "kernel" and module.startswith("Conv"):
+        return a.transpose(2, 3, 1, 0)
+    if leaf == "kernel" and module.startswith("Dense"):
+        return a.T
+    return a
+
+
+def canonical_init(net, arrays: dict) -> dict:
+    """The variables ``{'params': ..., 'batch_stats': ...}`` of ``resnet18``'s ``net`` from
+    ``d2lmini.resnet18_init``'s draw ``arrays``, for ``net.apply``.
+
+    Names are mapped by role, layouts converted (conv kernels HWIO, dense kernels
+    (in, out)); BatchNorm's gamma/beta are ``scale``/``bias`` and its running statistics
+    ``batch_stats`` ``mean``/``var``.  Raises ``ValueError`` unless every array is used once
+    and every variable of the net is set.
+    """
+    from flax import traverse_util
+    if "stem.conv.weight" not in arrays:
+        raise ValueError("canonical_init: no array 'stem.conv.weight' (not resnet18_init's draw?)")
+    in_channels = arrays["stem.conv.weight"].shape[1]
+    template = jax.eval_shape(net.init, jax.random.key(0),                 # shapes only
+                              jax.ShapeDtypeStruct((1, in_channels, 28, 28), jnp.float32))
+    flat, used = {}, set()
+    for path, want in traverse_util.flatten_dict(template).items():
+        module_path, leaf = path[1:-1], path[-1]          # path[0]: the collection
+        prefix = _canonical_module(module_path)
+        kind = module_path[-1].split("_")[0] if module_path else ""
+        name = _LEAF_NAMES.get(kind, {}).get(leaf)
+        if prefix is None or name is None:
+            raise ValueError(f"canonical_init: the net's {'/'.join(path)} has no canonical "
+                             f"name (not d2l.resnet18?)")
+        key = f"{prefix}.{name}"
+        if key not in arrays or key in used:
+            what = "no array" if key not in arrays else "a second use of"
+            raise ValueError(f"canonical_init: {what} {key!r} for the net's {'/'.join(path)}")
+        a = _to_flax_layout(module_path[-1], leaf, np.asarray(arrays[key]))
+        if a.shape != want.shape:
+            raise ValueError(f"canonical_init: {key} gives shape {a.shape}, the net's "
+                             f"{'/'.join(path)} has {want.shape} (another width?)")
+        flat[path] = jnp.asarray(a, want.dtype)
+        used.add(key)
+    unused = sorted(set(arrays) - used)
+    if unused:
+        raise ValueError(f"canonical_init: arrays the net has no variable for: {unused[:5]}")
+    return traverse_util.unflatten_dict(flat)

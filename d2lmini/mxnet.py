@@ -176,3 +176,56 @@ def resnet18(num_classes: int = 10, in_channels: int = 1, width: int = 64,
             stage(8 * width, False))
     net.add(nn.GlobalAvgPool2D(), nn.Dense(num_classes))
     return net
+
+
+def _canonical_blocks(net) -> dict:
+    """The layers of ``resnet18``'s net under their canonical names (d2lmini.models)."""
+    blocks = {"stem.conv": net[0], "stem.bn": net[1], "fc": net[8]}
+    for s in range(1, 5):
+        for b, block in enumerate(net[2 + s]):
+            for role in ("conv1", "conv2", "conv3", "bn1", "bn2"):
+                if getattr(block, role) is not None:
+                    blocks[f"stage{s}.{b}.{role}"] = getattr(block, role)
+    return blocks
+
+
+def canonical_init(net, arrays: dict):
+    """Load ``d2lmini.resnet18_init``'s draw into ``resnet18``'s ``net`` (in place; returned).
+
+    Gluon's layouts are the canonical ones (convolution ``(out, in, kh, kw)``, dense
+    ``(out, in)``) and its BatchNorm has ``gamma``, ``beta``, ``running_mean`` and
+    ``running_var``, so only the names are mapped.  The arrays also fix the shapes that
+    deferred initialization would infer: a fresh net is initialized on the current context
+    (``cpu(0)``; move it with ``net.collect_params().reset_ctx(devices)``), a net initialized
+    on a list of contexts keeps them, and its parameters are usable at once.
+    """
+    used, targets = set(), []
+    for prefix, block in _canonical_blocks(net).items():
+        for pname, p in block.params.items():
+            name = pname[len(block.prefix):] if pname.startswith(block.prefix) else pname
+            key = f"{prefix}.{name}"
+            if key not in arrays:
+                raise ValueError(f"canonical_init: no array {key!r} for the net's {p.name}")
+            a = arrays[key]
+            if len(a.shape) != len(p.shape) or any(s not in (0, -1, t) for s, t in
+                                                    zip(p.shape, a.shape)):
+                raise ValueError(f"canonical_init: {key} has shape {tuple(a.shape)}, the "
+                                 f"net's {p.name} {tuple(p.shape)} (another width?)")
+            used.add(key)
+            targets.append((p, a))
+    unused = sorted(set(arrays) - used)
+    if unused:
+        raise ValueError(f"canonical_init: arrays the net has no tensor for: {unused[:5]}")
+    mapped = {id(p) for p, _ in targets}
+    unset = [p.name for p in net.collect_params().values() if id(p) not in mapped]
+    if unset:
+        raise ValueError(f"canonical_init: parameters of the net with no canonical name: {unset[:5]}")
+    for p, a in targets:
+        p.shape = a.shape                    # fills in the sizes deferred initialization lacks
+        try:
+            p.list_ctx()
+        except RuntimeError:                 # never initialized: now, on the current context
+            p.initialize()
+        p.set_data(nd.array(a, dtype=p.dtype))
+        p._finish_deferred_init()            # a deferred parameter takes the data at once
+    return net

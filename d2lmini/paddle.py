@@ -162,6 +162,57 @@ def resnet18(num_classes: int = 10, in_channels: int = 1, width: int = 64,
     return sync_batchnorm(net) if sync_bn else net
 
 
+def _canonical_layers(net: nn.Layer) -> dict[str, nn.Layer]:
+    """The layers of ``resnet18``'s net under their canonical names (d2lmini.models)."""
+    layers = {"stem.conv": net[0], "stem.bn": net[1], "fc": net[9]}
+    for s in range(1, 5):
+        for b, block in enumerate(net[2 + s]):
+            for role in ("conv1", "conv2", "conv3", "bn1", "bn2"):
+                if getattr(block, role) is not None:
+                    layers[f"stage{s}.{b}.{role}"] = getattr(block, role)
+    return layers
+
+
+def canonical_init(net: nn.Layer, arrays: dict) -> nn.Layer:
+    """Load ``d2lmini.resnet18_init``'s draw into ``resnet18``'s ``net`` (in place; returned).
+
+    Convolution weights have the canonical layout ``(out, in, kh, kw)``; ``Linear``'s weight
+    is ``(in, out)``, the transpose of the canonical one.  BatchNorm's gamma/beta are
+    ``weight``/``bias``, and its running statistics are the non-trainable parameters
+    ``_mean``/``_variance``.  Every canonical array must be used once and every parameter set.
+    """
+    bn_names = {"weight": "gamma", "bias": "beta", "_mean": "running_mean",
+                "_variance": "running_var"}
+    used, done = set(), set()
+    with paddle.no_grad():
+        for prefix, layer in _canonical_layers(net).items():
+            is_bn = prefix.rsplit(".", 1)[-1].startswith("bn")
+            for name, p in layer.named_parameters(include_sublayers=False):
+                key = f"{prefix}.{bn_names[name] if is_bn else name}"
+                if key not in arrays:
+                    raise ValueError(f"canonical_init: no array {key!r} for the net's "
+                                     f"{prefix}.{name}")
+                a = np.asarray(arrays[key])
+                if prefix == "fc" and name == "weight":
+                    a = a.T                                 # (out, in) -> Paddle's (in, out)
+                if tuple(a.shape) != tuple(p.shape):
+                    raise ValueError(f"canonical_init: {key} has shape {tuple(a.shape)} (in "
+                                     f"Paddle's layout), the net's tensor {tuple(p.shape)} "
+                                     f"(another width?)")
+                if key in used:
+                    raise ValueError(f"canonical_init: {key} would be used twice")
+                p.set_value(paddle.to_tensor(np.ascontiguousarray(a), dtype=p.dtype))
+                used.add(key)
+                done.add(id(p))
+    unused = sorted(set(arrays) - used)
+    if unused:
+        raise ValueError(f"canonical_init: arrays the net has no tensor for: {unused[:5]}")
+    unset = [n for n, p in net.named_parameters() if id(p) not in done]
+    if unset:
+        raise ValueError(f"canonical_init: parameters of the net with no array: {unset[:5]}")
+    return net
+
+
 # --------------------------------------------------------------------------------------------
 # Cross-device BatchNorm that runs on the CPU.
 # Paddle's tool is nn.SyncBatchNorm (convert_sync_batchnorm), but in Paddle 3.3.1 its kernel

@@ -137,6 +137,46 @@ def resnet18(num_classes: int = 10, in_channels: int = 1, width: int = 64) -> nn
         nn.AdaptiveAvgPool2d((1, 1)), nn.Flatten(), nn.Linear(8 * w, num_classes))
 
 
+
+def _canonical_modules(net: nn.Module) -> dict[str, nn.Module]:
+    """The layers of ``resnet18``'s net under their canonical names (d2lmini.models)."""
+    mods = {"stem.conv": net[0], "stem.bn": net[1], "fc": net[9]}
+    for s in range(1, 5):
+        for b, block in enumerate(net[2 + s]):
+            for role in ("conv1", "conv2", "conv3", "bn1", "bn2"):
+                if getattr(block, role) is not None:
+                    mods[f"stage{s}.{b}.{role}"] = getattr(block, role)
+    return mods
+
+
+def canonical_init(net: nn.Module, arrays: dict) -> nn.Module:
+    """Load ``d2lmini.resnet18_init``'s draw into ``resnet18``'s ``net`` (in place; returned).
+
+    PyTorch's layouts are the canonical ones, so every tensor is copied as it is; BatchNorm's
+    gamma/beta are ``weight``/``bias`` and its running statistics are buffers.
+    """
+    used = set()
+    with torch.no_grad():
+        for prefix, mod in _canonical_modules(net).items():
+            rename = {"weight": "gamma", "bias": "beta"} if isinstance(mod, nn.BatchNorm2d) else {}
+            tensors = dict(mod.named_parameters(recurse=False))
+            tensors.update({n: b for n, b in mod.named_buffers(recurse=False)
+                            if n in ("running_mean", "running_var")})
+            for name, t in tensors.items():
+                key = f"{prefix}.{rename.get(name, name)}"
+                if key not in arrays:
+                    raise ValueError(f"canonical_init: no array {key!r} for the net's {prefix}.{name}")
+                a = torch.as_tensor(arrays[key])
+                if tuple(a.shape) != tuple(t.shape):
+                    raise ValueError(f"canonical_init: {key} has shape {tuple(a.shape)}, "
+                                     f"the net's tensor {tuple(t.shape)} (another width?)")
+                t.copy_(a.to(t.dtype))
+                used.add(key)
+    unused = sorted(set(arrays) - used)
+    if unused:
+        raise ValueError(f"canonical_init: arrays the net has no tensor for: {unused[:5]}")
+    return net
+
 # --------------------------------------------------------------------------------------------
 # Cross-process BatchNorm that also runs on the CPU (gloo).
 #

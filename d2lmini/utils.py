@@ -127,3 +127,36 @@ def predictions_agree(logits_a, logits_b, margin: float = TIE_MARGIN) -> bool:
     top2 = np.sort(a, axis=1)[:, -2:]
     clear = (top2[:, 1] - top2[:, 0]) > margin
     return bool(np.array_equal(a.argmax(1)[clear], b.argmax(1)[clear]))
+
+
+
+def unified_diff(old_path, new_path, context: int = 3) -> str:
+    """The unified diff from file ``old_path`` to file ``new_path`` (text, no trailing newline)."""
+    import difflib
+    from pathlib import Path
+    old, new = Path(old_path), Path(new_path)
+    for p in (old, new):
+        if not p.is_file():
+            raise FileNotFoundError(f"no file {p} (run from the notebook's folder)")
+    return "\n".join(difflib.unified_diff(old.read_text().splitlines(),
+                                          new.read_text().splitlines(), fromfile=old.name,
+                                          tofile=new.name, n=context, lineterm=""))
+
+
+def show_diff(old_path, new_path, context: int = 3) -> None:
+    """Display :func:`unified_diff` as a highlighted ``diff`` block (plain text outside Jupyter)."""
+    text = unified_diff(old_path, new_path, context)
+
+    class _Diff:
+        def _repr_markdown_(self):
+            return f"```diff\n{text}\n```"
+
+        def __repr__(self):
+            return text
+
+    try:
+        from IPython.display import display
+    except ImportError:
+        print(text)
+    else:
+        display(_Diff())

@@ -344,3 +344,34 @@ def test_animator_in_a_kernel_leaves_one_png():
     assert len(outputs) == 1, outputs
     data = outputs[0]["data"]
     assert "image/png" in data and "image/svg+xml" not in data
+
+
+# -- the recipe scripts' shared parts ---------------------------------------------------------
+
+def test_unified_diff_shows_only_the_changed_lines(tmp_path):
+    a, b = tmp_path / "one.py", tmp_path / "dp.py"
+    a.write_text("import x\n\ndef main():\n    net = build()\n    train(net)\n")
+    b.write_text("import x\n\ndef main():\n    net = wrap(build())\n    train(net)\n")
+    diff = d2lmini.unified_diff(a, b)
+    assert diff.splitlines()[:2] == ["--- one.py", "+++ dp.py"]
+    changed = [l for l in diff.splitlines()[2:] if l[:1] in "+-"]
+    assert changed == ["-    net = build()", "+    net = wrap(build())"]
+    with pytest.raises(FileNotFoundError, match="no file"):
+        d2lmini.unified_diff(a, tmp_path / "missing.py")
+
+
+def test_recipe_report_prints_the_printout_and_accumulates_the_results(tmp_path, capsys):
+    import json
+    from d2lmini import recipe
+    out = tmp_path / "r.json"
+    args = recipe.parse_args(["--epochs", "2", "--batch-size", "64", "--out", str(out)])
+    recipe.report(args, 0, 2.0, 0.25, devices=2, framework="torch", seconds=1.25)
+    recipe.report(args, 1, 1.5, 0.5, devices=2, framework="torch", seconds=1.0)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == ["epoch 1: loss 2.000, test accuracy 0.250 (2 devices, 1.2 s)",
+                     "epoch 2: loss 1.500, test accuracy 0.500 (2 devices, 1.0 s)"]
+    r = json.loads(out.read_text())
+    assert r["loss"] == [2.0, 1.5] and r["test_acc"] == [0.25, 0.5] and r["devices"] == 2
+    assert r["batch_size"] == 64 and r["framework"] == "torch"
+    with pytest.raises(SystemExit):
+        recipe.parse_args(["--batch-size", "0"])

@@ -10,7 +10,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "_ext"))
-from frameworktabs import FRAMEWORKS, definitions_only, step_cells, step_tags  # noqa: E402
+from frameworktabs import (FRAMEWORKS, definitions_only, script_functions, step_cells,  # noqa: E402
+                           step_code, step_tags)
 
 DIRECTIVE = re.compile(r"```\{(framework-tabs|side-by-side)\}[ \t]+(\S+)[ \t]+([^\n]+)")
 
@@ -39,9 +40,20 @@ def chapters_with_notebooks():
     return sorted({p.parent.name for p in ROOT.glob("chapters/*/*.ipynb")})
 
 
+def test_script_functions_are_found_by_name_and_missing_ones_named(tmp_path):
+    for key, _ in FRAMEWORKS:
+        (tmp_path / f"{key}_dp.py").write_text(
+            f"import x\n\n# the step\ndef train_step(a):\n    return a  # {key}\n\nmain = 1\n")
+    code = script_functions(tmp_path, "{fw}_dp.py", "train_step")
+    assert code["jax"] == "# the step\ndef train_step(a):\n    return a  # jax"
+    (tmp_path / "paddle_dp.py").write_text("def other():\n    pass\n")
+    with pytest.raises(LookupError, match="'train_step' is not defined in: paddle_dp.py"):
+        script_functions(tmp_path, "{fw}_dp.py", "train_step")
+
+
 @pytest.mark.parametrize("chapter,step,page", referenced_steps())
 def test_referenced_step_is_tagged_in_every_framework(chapter, step, page):
-    code = step_cells(ROOT, chapter, step)
+    code = step_code(ROOT, chapter, step)
     assert set(code) == {k for k, _ in FRAMEWORKS}
     assert all(c.strip() for c in code.values())
 

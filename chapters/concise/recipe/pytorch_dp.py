@@ -1,0 +1,75 @@
+"""The concise chapter's recipe in PyTorch: ResNet-18 on Fashion-MNIST with plain SGD, from
+d2lmini's canonical initial weights, on k processes with DistributedDataParallel.
+
+    torchrun --nproc_per_node k pytorch_dp.py [--epochs N ...]    # a GPU per process, or the CPU
+"""
+import os
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+import d2lmini
+from d2lmini import recipe
+from d2lmini import torch as d2l
+
+
+def train_step(model, loss_fn, optimizer, X, y):
+    """One SGD step on the batch (X, y); returns its mean loss."""
+    optimizer.zero_grad()
+    loss = loss_fn(model(X), y)
+    loss.backward()                       # DDP all-reduces (averages) the gradients here
+    optimizer.step()
+    return loss.item()
+
+
+@torch.no_grad()
+def evaluate(net, X, y, device, batch_size=256):
+    """Accuracy on the whole test set (X, y), in inference mode."""
+    net.eval()                            # BatchNorm: the running statistics
+    correct = 0
+    for i in range(0, len(y), batch_size):
+        y_hat = net(torch.from_numpy(X[i:i + batch_size]).to(device))
+        correct += (y_hat.argmax(1).cpu() == torch.from_numpy(y[i:i + batch_size])).sum()
+    return correct.item() / len(y)
+
+
+def main():
+    args = recipe.parse_args()
+    data = recipe.load_data(args)
+    rank, k = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])  # set by torchrun
+    gpus = d2l.num_gpus()                 # fewer GPUs than ranks: they share them, with gloo
+    device = torch.device("cuda", int(os.environ["LOCAL_RANK"]) % gpus) if gpus else "cpu"
+    dist.init_process_group("nccl" if gpus >= int(os.environ["LOCAL_WORLD_SIZE"]) else "gloo")
+    if args.batch_size % k:
+        raise ValueError(f"the global batch size {args.batch_size} is not divisible by k = {k}")
+    batch_size = args.batch_size // k     # each of the k devices gets 1/k of the global batch
+    net = d2l.resnet18(10, 1, width=args.width)
+    d2l.canonical_init(net, d2lmini.resnet18_init(width=args.width, seed=args.seed))
+    model = DDP(net.to(device), device_ids=[device] if gpus else None)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+    loss_fn = nn.CrossEntropyLoss()
+    train_set = TensorDataset(torch.from_numpy(data.X_train), torch.from_numpy(data.y_train))
+    sampler = DistributedSampler(train_set, num_replicas=k, rank=rank, seed=args.seed)
+    loader = DataLoader(train_set, batch_size=batch_size, sampler=sampler)
+    for epoch in range(args.epochs):
+        sampler.set_epoch(epoch)          # a new order each epoch, seeded, the same on all ranks
+        model.train()
+        start, losses = time.perf_counter(), []
+        for X, y in loader:
+            losses.append(train_step(model, loss_fn, optimizer, X.to(device), y.to(device)))
+        seconds = time.perf_counter() - start
+        loss = torch.tensor(losses, device=device).mean()
+        dist.all_reduce(loss)             # the sum of the k ranks' mean losses
+        if rank == 0:                     # rank 0's replica, on the whole test set
+            test_acc = evaluate(net, data.X_test, data.y_test, device)
+            recipe.report(args, epoch, loss.item() / k, test_acc, devices=k,
+                          framework=d2l.FRAMEWORK, seconds=seconds)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""What the concise chapter's recipe scripts share, written once (chapters/concise/recipe/).
+
+Each framework has two scripts, ``<fw>_one.py`` (one device) and ``<fw>_dp.py`` (k devices),
+and the notebook shows the diff between them: only the lines that data parallelism changes.
+Everything that is the same in all eight -- the command line, the data, the training printout
+and the results file -- lives here, so the scripts hold only the framework's own code.
+
+    args = recipe.parse_args()                # --epochs --batch-size --lr --width ... --out
+    data = recipe.load_data(args)             # Fashion-MNIST subset, NumPy arrays
+    recipe.report(args, epoch, loss, test_acc, devices=k)   # the printout (+ results file)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+from .config import get_profile
+from .data import load_fashion_mnist
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The recipes' command line; defaults come from the profile's concise settings."""
+    hp = get_profile().concise
+    p = argparse.ArgumentParser(description="The concise chapter's recipe: ResNet-18 on "
+                                "Fashion-MNIST, plain SGD, the same initial weights everywhere.")
+    p.add_argument("--epochs", type=int, default=hp.epochs)
+    p.add_argument("--batch-size", type=int, default=hp.batch_size,
+                   help="the GLOBAL batch size (split over the devices)")
+    p.add_argument("--lr", type=float, default=hp.lr)
+    p.add_argument("--width", type=int, default=hp.width, help="channels of the first stage")
+    p.add_argument("--train-samples", type=int, default=hp.train_samples)
+    p.add_argument("--test-samples", type=int, default=hp.test_samples)
+    p.add_argument("--seed", type=int, default=0, help="initial weights and data order")
+    p.add_argument("--out", default=None, help="write the results to this JSON file")
+    args = p.parse_args(argv)
+    if args.batch_size < 1 or args.epochs < 1:
+        p.error("--batch-size and --epochs must be >= 1")
+    return args
+
+
+def load_data(args):
+    """The training and test images of ``args`` (NumPy, NCHW float32 in [0, 1])."""
+    return load_fashion_mnist(args.train_samples, args.test_samples)
+
+
+def report(args, epoch: int, loss: float, test_acc: float, devices: int,
+           framework: str, seconds: float | None = None) -> None:
+    """Print the training printout of one epoch; after the last, write ``args.out``.
+
+    Call it from one process only (rank 0).  The printout is the same in every framework::
+
+        epoch 1: loss 1.234, test accuracy 0.567 (2 devices, 3.4 s)
+    """
+    t = f", {seconds:.1f} s" if seconds is not None else ""
+    print(f"epoch {epoch + 1}: loss {loss:.3f}, test accuracy {test_acc:.3f} "
+          f"({devices} device{'s' if devices != 1 else ''}{t})", flush=True)
+    if args.out is None:
+        return
+    state = {"framework": framework, "devices": devices, "epochs": args.epochs,
+             "batch_size": args.batch_size, "lr": args.lr, "width": args.width,
+             "loss": [], "test_acc": [], "seconds": []}
+    if epoch > 0 and os.path.exists(args.out):
+        with open(args.out) as f:
+            state = json.load(f)
+    state["loss"].append(float(loss))
+    state["test_acc"].append(float(test_acc))
+    state["seconds"].append(seconds)
+    tmp = args.out + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(state, f, indent=1)
+    os.replace(tmp, args.out)
