@@ -31,6 +31,7 @@ from frameworktabs import FRAMEWORKS, step_code
 
 STATIC = Path(__file__).parent / "static"
 DEFAULT = ("pytorch", "jax")
+MAX_INDENT = 12   # columns; deeper (bracket-aligned) continuation lines start here in a half column
 
 
 def controls_html() -> str:
@@ -49,7 +50,8 @@ def code_html(code: str) -> str:
     Half a text column is narrower than a notebook's code, so long lines wrap; each line is a
     block with a hanging indent of its own indentation plus four columns, so a wrapped line
     continues *under its own code*, never at the left margin.  The spaces that align trailing
-    comments in a notebook (which only align there) shrink to two.
+    comments in a notebook (which only align there) shrink to two, and indentation deeper than
+    ``MAX_INDENT`` (continuation lines aligned with a bracket) is shown as ``MAX_INDENT``.
     """
     lines, line = [], []
     for tok, value in lex(code, PythonLexer()):
@@ -66,7 +68,7 @@ def code_html(code: str) -> str:
     out = []
     for toks in lines:
         text = "".join(v for _, v in toks)
-        indent = len(text) - len(text.lstrip(" "))
+        indent = min(len(text) - len(text.lstrip(" ")), MAX_INDENT)
         while toks and toks[0][1].strip(" ") == "":        # leading spaces become padding
             toks = toks[1:]
         if toks and toks[0][1].startswith(" "):
