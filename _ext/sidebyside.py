@@ -27,9 +27,9 @@ from pygments.token import Comment
 from docutils import nodes
 from sphinx.util.docutils import SphinxDirective
 
+from bookfixes import add_static_path   # the same static folder (_ext/static)
 from frameworktabs import FRAMEWORKS, step_code
 
-STATIC = Path(__file__).parent / "static"
 DEFAULT = ("pytorch", "jax")
 MAX_INDENT = 12   # columns; deeper (bracket-aligned) continuation lines start here in a half column
 
@@ -114,11 +114,6 @@ class SideBySide(SphinxDirective):
             row += grid
             outer += row
         return [outer]
-
-
-def add_static_path(app):
-    if str(STATIC) not in app.config.html_static_path:
-        app.config.html_static_path.append(str(STATIC))
 
 
 def setup(app):

@@ -45,6 +45,20 @@ def resnet18_spec(num_classes: int = 10, in_channels: int = 1,
     return spec
 
 
+def resnet18_layers(stem_conv, stem_bn, stages, fc) -> dict:
+    """``{canonical layer name: layer}`` for a backend's ResNet-18: ``stages`` holds the four
+    stages, each a sequence of two residual blocks whose layers are the attributes ``conv1``,
+    ``conv2``, ``conv3`` (None without a shortcut), ``bn1`` and ``bn2``.  Each backend's
+    ``canonical_init`` uses it to name its layers, then loads the tensors its own way."""
+    layers = {"stem.conv": stem_conv, "stem.bn": stem_bn, "fc": fc}
+    for s, stage in enumerate(stages, start=1):
+        for b, block in enumerate(stage):
+            for role in ("conv1", "conv2", "conv3", "bn1", "bn2"):
+                if getattr(block, role, None) is not None:
+                    layers[f"stage{s}.{b}.{role}"] = getattr(block, role)
+    return layers
+
+
 def resnet18_init(num_classes: int = 10, in_channels: int = 1, width: int = 64,
                   seed: int = 0) -> dict[str, np.ndarray]:
     """One draw of every tensor of ``resnet18_spec``, float32, in canonical layout.

@@ -180,13 +180,8 @@ def resnet18(num_classes: int = 10, in_channels: int = 1, width: int = 64,
 
 def _canonical_blocks(net) -> dict:
     """The layers of ``resnet18``'s net under their canonical names (d2lmini.models)."""
-    blocks = {"stem.conv": net[0], "stem.bn": net[1], "fc": net[8]}
-    for s in range(1, 5):
-        for b, block in enumerate(net[2 + s]):
-            for role in ("conv1", "conv2", "conv3", "bn1", "bn2"):
-                if getattr(block, role) is not None:
-                    blocks[f"stage{s}.{b}.{role}"] = getattr(block, role)
-    return blocks
+    from .models import resnet18_layers
+    return resnet18_layers(net[0], net[1], [net[2 + s] for s in range(1, 5)], net[8])
 
 
 def canonical_init(net, arrays: dict):

@@ -164,13 +164,8 @@ def resnet18(num_classes: int = 10, in_channels: int = 1, width: int = 64,
 
 def _canonical_layers(net: nn.Layer) -> dict[str, nn.Layer]:
     """The layers of ``resnet18``'s net under their canonical names (d2lmini.models)."""
-    layers = {"stem.conv": net[0], "stem.bn": net[1], "fc": net[9]}
-    for s in range(1, 5):
-        for b, block in enumerate(net[2 + s]):
-            for role in ("conv1", "conv2", "conv3", "bn1", "bn2"):
-                if getattr(block, role) is not None:
-                    layers[f"stage{s}.{b}.{role}"] = getattr(block, role)
-    return layers
+    from .models import resnet18_layers
+    return resnet18_layers(net[0], net[1], [net[2 + s] for s in range(1, 5)], net[9])
 
 
 def canonical_init(net: nn.Layer, arrays: dict) -> nn.Layer:
