@@ -65,7 +65,7 @@ test: data browser
 	  D2LMINI_PROFILE=$(TEST_PROFILE) D2LMINI_NUM_DEVICES=$$k $(PY) -m pytest -q chapters || exit 1; \
 	done
 
-# Every notebook with every device count from 1 to 8 (about 40 minutes on 2 cores); the
+# Every notebook with every device count from 1 to 8 (about an hour on 2 cores); the
 # per-k summary lines go to _build/sweep.txt.
 sweep: data
 	@mkdir -p _build; : > _build/sweep.txt; rc=0; for k in 1 2 3 4 5 6 7 8; do \
