@@ -239,7 +239,6 @@ def canonical_init(net, arrays: dict) -> dict:
                              f"{'/'.join(path)} has {want.shape} (another width?)")
         flat[path] = jnp.asarray(a, want.dtype)
         used.add(key)
-    unused = sorted(set(arrays) - used)
-    if unused:
-        raise ValueError(f"canonical_init: arrays the net has no variable for: {unused[:5]}")
+    from .models import check_all_used
+    check_all_used(arrays, used)
     return traverse_util.unflatten_dict(flat)

@@ -59,6 +59,13 @@ def resnet18_layers(stem_conv, stem_bn, stages, fc) -> dict:
     return layers
 
 
+def check_all_used(arrays: dict, used: set) -> None:
+    """Raise ``ValueError`` naming the arrays a backend's ``canonical_init`` did not load."""
+    unused = sorted(set(arrays) - set(used))
+    if unused:
+        raise ValueError(f"canonical_init: arrays the net has no tensor for: {unused[:5]}")
+
+
 def resnet18_init(num_classes: int = 10, in_channels: int = 1, width: int = 64,
                   seed: int = 0) -> dict[str, np.ndarray]:
     """One draw of every tensor of ``resnet18_spec``, float32, in canonical layout.

@@ -208,9 +208,8 @@ def canonical_init(net, arrays: dict):
                                  f"net's {p.name} {tuple(p.shape)} (another width?)")
             used.add(key)
             targets.append((p, a))
-    unused = sorted(set(arrays) - used)
-    if unused:
-        raise ValueError(f"canonical_init: arrays the net has no tensor for: {unused[:5]}")
+    from .models import check_all_used
+    check_all_used(arrays, used)
     mapped = {id(p) for p, _ in targets}
     unset = [p.name for p in net.collect_params().values() if id(p) not in mapped]
     if unset:

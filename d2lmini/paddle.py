@@ -199,9 +199,8 @@ def canonical_init(net: nn.Layer, arrays: dict) -> nn.Layer:
                 p.set_value(paddle.to_tensor(np.ascontiguousarray(a), dtype=p.dtype))
                 used.add(key)
                 done.add(id(p))
-    unused = sorted(set(arrays) - used)
-    if unused:
-        raise ValueError(f"canonical_init: arrays the net has no tensor for: {unused[:5]}")
+    from .models import check_all_used
+    check_all_used(arrays, used)
     unset = [n for n, p in net.named_parameters() if id(p) not in done]
     if unset:
         raise ValueError(f"canonical_init: parameters of the net with no array: {unset[:5]}")

@@ -167,9 +167,8 @@ def canonical_init(net: nn.Module, arrays: dict) -> nn.Module:
                                      f"the net's tensor {tuple(t.shape)} (another width?)")
                 t.copy_(a.to(t.dtype))
                 used.add(key)
-    unused = sorted(set(arrays) - used)
-    if unused:
-        raise ValueError(f"canonical_init: arrays the net has no tensor for: {unused[:5]}")
+    from .models import check_all_used
+    check_all_used(arrays, used)
     return net
 
 # --------------------------------------------------------------------------------------------
