@@ -11,7 +11,8 @@ compatibility for MXNet, Paddle's logging side effect undone).
 """
 from .config import (PROFILES, DevicePlan, GPUBuildMissing, Profile, get_profile, host_has_gpu,
                      num_simulated_devices, plan_devices, requested_devices)
-from .data import (BatchIterator, DataError, FashionMNIST, TEXT_LABELS, find_data_dir,
+from .data import (BatchIterator, DataError, FashionMNIST, TEXT_LABELS, calibration_batches,
+                   find_data_dir,
                    get_fashion_mnist_labels, load_fashion_mnist)
 from .plot import Animator
 from .utils import (TIE_MARGIN, Accumulator, Timer, check_device_count, evaluate_accuracy_with,
@@ -21,7 +22,7 @@ from .models import resnet18_init, resnet18_spec
 __version__ = "0.1.0"
 
 __all__ = ["Accumulator", "Animator", "BatchIterator", "DataError", "DevicePlan", "FashionMNIST",
-           "GPUBuildMissing", "PROFILES", "TIE_MARGIN", "plan_devices", "predictions_agree",
+           "GPUBuildMissing", "PROFILES", "calibration_batches", "TIE_MARGIN", "plan_devices", "predictions_agree",
            "requested_devices",
            "Profile", "TEXT_LABELS", "Timer", "check_device_count", "find_data_dir",
            "get_fashion_mnist_labels", "get_profile", "host_has_gpu", "load_fashion_mnist",

@@ -230,3 +230,22 @@ class BatchIterator:
                 idx = order[sl]
                 yield self.X[idx], self.y[idx]
 
+
+
+def calibration_batches(X: np.ndarray, y: np.ndarray, batch_size: int, num_batches: int = 5,
+                        seed: int = 1) -> list:
+    """The whole batches every framework re-estimates BatchNorm's statistics on.
+
+    After training, BatchNorm's running statistics are an exponential average over batches
+    seen with *past* weights, accumulated per device (or per rank) in most frameworks, over
+    the whole batch under JAX's ``jit``.  The book evaluates every framework's model the same
+    way instead: each backend's ``recalibrate_batchnorm`` sets the running statistics to the
+    plain average of the batch statistics of the *final* weights over these batches (whole
+    global batches, on one device), and every replica gets the same values.  The batches are
+    the first ``num_batches`` of a :class:`BatchIterator` with ``seed`` (default 1, so not
+    the training order of seed 0): the same images in every framework.
+    """
+    if num_batches < 1:
+        raise ValueError(f"num_batches must be >= 1, got {num_batches}")
+    it = BatchIterator(X, y, min(batch_size, len(y)), shuffle=True, seed=seed, drop_last=True)
+    return [b for _, b in zip(range(num_batches), it)]

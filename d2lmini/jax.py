@@ -174,6 +174,37 @@ def resnet18(num_classes: int = 10, in_channels: int = 1, width: int = 64,
     return ResNet18(num_classes=num_classes, width=width)
 
 
+def recalibrate_batchnorm(net, variables: dict, batches, momentum: float = 0.9) -> dict:
+    """``variables`` with every BatchNorm's running statistics re-estimated.
+
+    The new ``batch_stats`` are the plain average of the batch statistics of the current
+    weights over ``batches`` (pairs ``(X, y)`` of NumPy arrays, whole batches;
+    ``d2lmini.calibration_batches``): the same rule in every backend (the book's evaluation
+    rule).  Flax's training-mode update is ``momentum * old + (1 - momentum) * batch``; from
+    zero running statistics it returns ``(1 - momentum) * batch``, which gives each batch's
+    statistics.  ``momentum`` must be the layers' (0.9 in ``resnet18``).  The result lives
+    where ``variables`` lives (replicated variables stay replicated).
+    """
+    zeros = jax.tree.map(jnp.zeros_like, variables["batch_stats"])
+
+    @jax.jit
+    def stats(params, X):
+        _, upd = net.apply({"params": params, "batch_stats": zeros}, X, train=True,
+                           mutable=["batch_stats"])
+        return jax.tree.map(lambda s: s / (1.0 - momentum), upd["batch_stats"])
+
+    total, count = None, 0
+    for X, _ in batches:
+        s = stats(variables["params"], jnp.asarray(X))
+        total = s if total is None else jax.tree.map(jnp.add, total, s)
+        count += 1
+    if count == 0:
+        raise ValueError("recalibrate_batchnorm: no batches")
+    avg = jax.tree.map(lambda t, old: (t / count).astype(old.dtype), total,
+                       variables["batch_stats"])
+    return {**variables, "batch_stats": avg}
+
+
 # Flax names a module's submodules by creation order (Conv_0, BatchNorm_0, ...).  In a
 # Residual block they are created in the order conv1, bn1, conv2, bn2, conv3 (the shortcut).
 _BLOCK_ROLES = {"Conv_0": "conv1", "BatchNorm_0": "bn1", "Conv_1": "conv2",

@@ -134,6 +134,40 @@ def batch_norm(sync_bn_devices: int | None = None):
     return SyncBatchNorm(num_devices=int(sync_bn_devices))
 
 
+def recalibrate_batchnorm(net, batches, ctx=None) -> int:
+    """Re-estimate every BatchNorm's running statistics with the current weights.
+
+    Sets them to the plain average of the batch statistics over ``batches`` (pairs
+    ``(X, y)`` of NumPy arrays, whole batches; ``d2lmini.calibration_batches``), computed on
+    the replica on ``ctx`` (default: the first context of the parameters), then copies them
+    to every replica.  The same rule in every backend (the book's evaluation rule).  Gluon
+    updates the running statistics in a training-mode forward; momentum ``i / (i + 1)`` at
+    batch ``i`` turns its exponential average into the plain one.  Returns the batch count.
+    """
+    from mxnet import autograd
+    layers = []
+    net.apply(lambda b: layers.append(b) if isinstance(b, nn.BatchNorm) else None)
+    if ctx is None:
+        ctx = next(iter(net.collect_params().values())).list_ctx()[0]
+    momenta = [bn._kwargs["momentum"] for bn in layers]
+    count = 0
+    try:
+        for i, (X, _) in enumerate(batches):
+            for bn in layers:
+                bn._kwargs["momentum"] = i / (i + 1)   # running value = mean of batches so far
+            with autograd.record():                    # training mode: batch statistics
+                out = net(nd.array(X, ctx=ctx))
+            out.backward()                             # (the gradients are not used)
+            count += 1
+    finally:
+        for bn, m in zip(layers, momenta):
+            bn._kwargs["momentum"] = m
+    for bn in layers:
+        for stat in (bn.running_mean, bn.running_var):
+            stat.set_data(stat.data(ctx))              # the same values on every replica
+    return count
+
+
 class Residual(nn.HybridBlock):
     """The residual block of ResNet (two 3x3 convolutions, optional 1x1 shortcut)."""
 

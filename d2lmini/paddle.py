@@ -216,6 +216,48 @@ def canonical_init(net: nn.Layer, arrays: dict) -> nn.Layer:
 # all-reduce's backward is again an all-reduce.  On GPUs use nn.SyncBatchNorm instead.
 # --------------------------------------------------------------------------------------------
 
+@paddle.no_grad()
+def recalibrate_batchnorm(net: nn.Layer, batches) -> int:
+    """Re-estimate every BatchNorm's running statistics with the current weights.
+
+    Sets them to the plain average of the batch statistics over ``batches`` (pairs
+    ``(X, y)`` of NumPy arrays, whole batches; ``d2lmini.calibration_batches``) on this
+    process's device: the same rule in every backend (the book's evaluation rule).  Paddle
+    updates ``running = momentum * running + (1 - momentum) * batch``; momentum
+    ``i / (i + 1)`` at batch ``i`` makes that the plain average.  Every rank that passes the
+    same batches gets the same statistics (cross-rank layers are used as plain BatchNorm
+    here: the batches are whole).  Returns the number of batches used.
+    """
+    layers = [m for m in net.sublayers(include_self=True) if isinstance(m, nn.BatchNorm2D)]
+    momenta, was_training = [m._momentum for m in layers], net.training
+    net.train()
+    count = 0
+    try:
+        for i, (X, _) in enumerate(batches):
+            for m in layers:
+                m._momentum = i / (i + 1)
+            _plain_forward(net, paddle.to_tensor(X))
+            count += 1
+    finally:
+        for m, mom in zip(layers, momenta):
+            m._momentum = mom
+        net.train() if was_training else net.eval()
+    return count
+
+
+def _plain_forward(net, X):
+    """``net(X)`` with cross-rank BatchNorm layers computing on this rank's data alone."""
+    global _LOCAL_ONLY
+    _LOCAL_ONLY, saved = True, _LOCAL_ONLY
+    try:
+        return net(X)
+    finally:
+        _LOCAL_ONLY = saved
+
+
+_LOCAL_ONLY = False
+
+
 def _world_size() -> int:
     import paddle.distributed as dist
     return dist.get_world_size() if dist.is_initialized() else 1
@@ -257,7 +299,7 @@ class AllReduceBatchNorm2D(nn.BatchNorm2D):
     """
 
     def forward(self, x):
-        if not self.training or _world_size() == 1:
+        if not self.training or _world_size() == 1 or _LOCAL_ONLY:
             return super().forward(x)
         N, C, H, W = x.shape
         axes, shape = [0, 2, 3], [1, C, 1, 1]

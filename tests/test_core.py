@@ -375,3 +375,18 @@ def test_recipe_report_prints_the_printout_and_accumulates_the_results(tmp_path,
     assert r["batch_size"] == 64 and r["framework"] == "torch"
     with pytest.raises(SystemExit):
         recipe.parse_args(["--batch-size", "0"])
+
+
+def test_calibration_batches_are_whole_reproducible_and_not_the_training_order():
+    X = np.arange(100, dtype=np.float32).reshape(100, 1)
+    y = np.arange(100)
+    a = d2lmini.calibration_batches(X, y, batch_size=16, num_batches=3)
+    b = d2lmini.calibration_batches(X, y, batch_size=16, num_batches=3)
+    assert len(a) == 3 and all(len(yb) == 16 for _, yb in a)
+    assert all(np.array_equal(p[1], q[1]) for p, q in zip(a, b))
+    assert len(np.unique(np.concatenate([yb for _, yb in a]))) == 48   # no image twice
+    first_training_batch = next(iter(d2lmini.BatchIterator(X, y, 16, shuffle=True, seed=0)))[1]
+    assert not np.array_equal(a[0][1], first_training_batch)
+    assert len(d2lmini.calibration_batches(X, y, batch_size=500, num_batches=9)) == 1
+    with pytest.raises(ValueError):
+        d2lmini.calibration_batches(X, y, batch_size=16, num_batches=0)
