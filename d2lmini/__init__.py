@@ -31,3 +31,4 @@ __all__ = ["Accumulator", "Animator", "BatchIterator", "DataError", "DevicePlan"
 from .collectives import Transfer, chunk_slices, naive_schedule, ring_schedule, traffic
 
 __all__ += ["Transfer", "chunk_slices", "naive_schedule", "ring_schedule", "traffic"]
+from . import recipe  # noqa: E402  (the concise chapter's shared recipe code)

@@ -70,3 +70,25 @@ def report(args, epoch: int, loss: float, test_acc: float, devices: int,
     with open(tmp, "w") as f:
         json.dump(state, f, indent=1)
     os.replace(tmp, args.out)
+
+
+def report_run(run: dict, framework: str, profile: str, results_file: str = "results.json") -> None:
+    """Print the one-line summary of a training run -- the same line in every concise
+    notebook -- and, except under the ``smoke`` profile, record it in ``results_file``.
+
+    ``run`` holds ``api, devices, batch_size, lr, epochs, test_acc, s_per_epoch,
+    samples_per_s``::
+
+        DDP/torchrun: 2 devices, batch 128, lr 0.05, 2 epochs: test accuracy 0.820, 11.5 s/epoch, 523 samples/s
+    """
+    d, e = run["devices"], run["epochs"]
+    print(f"{run['api']}: {d} device{'s' if d != 1 else ''}, batch {run['batch_size']}, "
+          f"lr {run['lr']:g}, {e} epoch{'s' if e != 1 else ''}: test accuracy "
+          f"{run['test_acc']:.3f}, {run['s_per_epoch']:.1f} s/epoch, "
+          f"{run['samples_per_s']:.0f} samples/s", flush=True)
+    if profile != "smoke":
+        from .results import record_result
+        record_result(results_file, chapter="concise", framework=framework, api=run["api"],
+                      devices=d, profile=profile, batch_size=run["batch_size"],
+                      s_per_epoch=run["s_per_epoch"], samples_per_s=run["samples_per_s"],
+                      test_acc=run["test_acc"], epochs=e, lr=run["lr"])

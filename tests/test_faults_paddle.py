@@ -1,4 +1,5 @@
-"""Fault handling of the concise chapter's Paddle script, chapters/concise/paddle_train.py.
+"""Fault handling of the concise chapter's Paddle script, chapters/concise/paddle_train.py, run
+through chapters/concise/paddle_checks.py (which injects the faults; the lesson's script has none).
 
 A launch must never hang: a rank that raises fails the whole job quickly, with a non-zero
 exit code and that rank's traceback in the error; a busy rendezvous port fails fast, and a
@@ -34,11 +35,11 @@ def launch_cmd(out, *extra, start_port=None):
     port = ["--start_port", str(start_port)] if start_port is not None else []
     return [launch.python(), "-m", "paddle.distributed.launch", "--nproc_per_node", "2",
             "--ips", "127.0.0.1", *port, "--log_dir", str(Path(out) / "logs"),
-            "paddle_train.py", "--out", str(out), *TINY, *extra]
+            "paddle_checks.py", "--out", str(out), *TINY, *extra]
 
 
 def spawn_cmd(out, *extra):
-    return [launch.python(), "paddle_train.py", "--launcher", "spawn", "--nprocs", "2",
+    return [launch.python(), "paddle_checks.py", "--launcher", "spawn", "--nprocs", "2",
             "--port", str(launch.free_port()), "--out", str(out), *TINY, *extra]
 
 

@@ -1,4 +1,5 @@
-"""Faults of multi-process PyTorch training never hang: chapters/concise/ddp_train.py.
+"""Faults of multi-process PyTorch training never hang: chapters/concise/ddp_train.py, run
+through chapters/concise/ddp_checks.py (which injects the faults; the lesson's script has none).
 
 Every test launches the real script with 2 processes on a tiny configuration (128 training
 images, width 4, one epoch), through ``d2lmini.launch.run`` and the same launchers as the
@@ -23,7 +24,7 @@ import pytest
 
 from d2lmini import launch
 
-SCRIPT = Path(__file__).resolve().parents[1] / "chapters" / "concise" / "ddp_train.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "chapters" / "concise" / "ddp_checks.py"
 TINY = ["--profile", "smoke", "--train-samples", "128", "--test-samples", "64", "--width", "4",
         "--epochs", "1", "--batch-size", "64", "--bn-batches", "1", "--predict", "8"]
 DEFAULT_PORT = 29500          # torchrun's --master_port default

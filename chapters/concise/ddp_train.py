@@ -13,10 +13,11 @@ cpu and gpu profiles.
 Every rank writes ``DIR/rank{r}.json`` (losses, accuracies, epoch times, a checksum of its
 parameters); rank 0 also writes ``DIR/checkpoint.pt`` (CPU tensors, no device baked in) and
 the predictions of the trained model on the first test images.
-``--proof FILE`` runs the BatchNorm proof of the notebook instead of training.
+The model starts from the book's shared initial weights (``d2lmini.resnet18_init``), and is
+evaluated by the book's BatchNorm rule (``d2l.recalibrate_batchnorm``).
 
-Fault injection (tests): ``D2LMINI_FAIL_RANK=r`` makes rank r raise at training step
-``$D2LMINI_FAIL_STEP`` (default 0), or stop responding there with ``D2LMINI_FAIL_MODE=hang``.
+What is not the lesson -- the notebook's BatchNorm proof and the tests' fault injection --
+is in ``ddp_checks.py``, which runs this file's ranks with other work.
 """
 from __future__ import annotations
 
@@ -26,7 +27,6 @@ import hashlib
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -79,40 +79,7 @@ def checksum(tensors) -> str:
     return h.hexdigest()
 
 
-def maybe_fail(rank: int, step: int) -> None:
-    """Fault injection: D2LMINI_FAIL_RANK=r, D2LMINI_FAIL_STEP=s (default 0) and
-    D2LMINI_FAIL_MODE=raise (default: rank r raises) or hang (rank r stops responding)."""
-    if os.environ.get("D2LMINI_FAIL_RANK") != str(rank) or \
-            step != int(os.environ.get("D2LMINI_FAIL_STEP", "0")):
-        return
-    if os.environ.get("D2LMINI_FAIL_MODE", "raise") == "hang":
-        print(f"rank {rank} hangs at step {step} (D2LMINI_FAIL_MODE=hang)", flush=True)
-        time.sleep(24 * 3600)
-    raise RuntimeError(f"injected failure on rank {rank} at step {step} "
-                       f"(D2LMINI_FAIL_RANK={rank})")
-
-
 # ------------------------------------------------------------------------ evaluation
-def calibrate_batchnorm(net: nn.Module, loader, num_batches: int, device) -> None:
-    """Give every rank the same, fresh BatchNorm running statistics before evaluating.
-
-    With per-rank BatchNorm each rank's running statistics come from its own shards (DDP
-    copies rank 0's into the others at the start of every forward, then each rank updates
-    them with its own batch), so they differ across ranks after training.  Each rank
-    re-estimates them on its first ``num_batches`` batches with the final weights, then
-    all-reduces average them over the ranks.  (Cross-rank BatchNorm layers compute global
-    statistics, identical on all ranks, already; the average then changes nothing.)
-    """
-    if num_batches > 0:
-        batches = (b for _, b in zip(range(num_batches), loader))
-        d2l.recalibrate_batchnorm(net, batches, device)
-    world = dist.get_world_size()
-    for b in net.buffers():
-        if b.is_floating_point():
-            dist.all_reduce(b, op=dist.ReduceOp.SUM)
-            b.div_(world)
-
-
 @torch.no_grad()
 def evaluate(net: nn.Module, X, y, device, batch_size: int = 256) -> float:
     """Test accuracy with the test set split across all ranks, exactly once each.
@@ -135,6 +102,16 @@ def evaluate(net: nn.Module, X, y, device, batch_size: int = 256) -> float:
 
 
 # ------------------------------------------------------------------------ training
+def train_step(model, loss_fn, optimizer, X, y):
+    """One SGD step on this rank's shard (X, y); returns its mean loss and the predictions."""
+    optimizer.zero_grad(set_to_none=True)
+    y_hat = model(X)
+    loss = loss_fn(y_hat, y)
+    loss.backward()                           # gradients averaged over the ranks here
+    optimizer.step()                          # identical update on every rank
+    return loss, y_hat
+
+
 def train(args, device: torch.device) -> dict:
     rank, world = dist.get_rank(), dist.get_world_size()
     data = d2lmini.load_fashion_mnist(args.train_samples or None, args.test_samples or None)
@@ -148,8 +125,8 @@ def train(args, device: torch.device) -> dict:
         raise ValueError(f"global batch {args.batch_size} < {world} ranks")
     loader = DataLoader(train_set, batch_size=per_rank, sampler=sampler)
 
-    torch.manual_seed(args.seed)              # the same initial weights on every rank
-    net = d2l.resnet18(num_classes=10, width=args.width)
+    net = d2l.resnet18(num_classes=10, width=args.width)  # the book's shared initial weights
+    d2l.canonical_init(net, d2lmini.resnet18_init(width=args.width, seed=args.seed))
     if args.bn == "sync":
         net = cross_rank_batchnorm(net, device)
     net = net.to(device)
@@ -161,6 +138,8 @@ def train(args, device: torch.device) -> dict:
 
     log = {k: [] for k in ("epoch_s", "train_loss", "train_acc", "test_acc",
                            "epoch_param_sha256")}
+    calibration = d2lmini.calibration_batches(data.X_train, data.y_train, args.batch_size,
+                                              args.bn_batches) if args.bn_batches else []
     timer, step = d2lmini.Timer(), 0
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)              # else every epoch repeats epoch 0's order
@@ -169,13 +148,8 @@ def train(args, device: torch.device) -> dict:
         d2l.synchronize([device])
         timer.start()
         for X, y in loader:
-            maybe_fail(rank, step)
             X, y = X.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            optimizer.zero_grad(set_to_none=True)
-            y_hat = model(X)
-            loss = loss_fn(y_hat, y)
-            loss.backward()                   # gradients averaged over the ranks here
-            optimizer.step()                  # identical update on every rank
+            loss, y_hat = train_step(model, loss_fn, optimizer, X, y)
             with torch.no_grad():
                 totals += torch.stack([loss.double() * len(y),
                                        (y_hat.argmax(dim=1) == y).sum().double(),
@@ -189,7 +163,9 @@ def train(args, device: torch.device) -> dict:
         log["train_acc"].append(float(totals[1] / totals[2]))
         log["epoch_param_sha256"].append(checksum(model.module.parameters()))
         trained_buffers = checksum(model.module.buffers())
-        calibrate_batchnorm(model.module, loader, args.bn_batches, device)
+        # The book's evaluation rule: BatchNorm statistics of the final weights, re-estimated
+        # on the same whole batches on every rank (so every rank holds the same model).
+        d2l.recalibrate_batchnorm(model.module, calibration, device)
         log["test_acc"].append(evaluate(model.module, data.X_test, data.y_test, device))
         if rank == 0:
             print(f"epoch {epoch + 1}: loss {log['train_loss'][-1]:.3f}, train acc "
@@ -216,47 +192,14 @@ def train(args, device: torch.device) -> dict:
     return result
 
 
-# ------------------------------------------------------------------------ BatchNorm proof
-def proof(args, device: torch.device) -> dict:
-    """A few SGD steps from given weights on given batches, with per-rank and with
-    cross-rank BatchNorm; each rank saves its final state for the notebook to compare."""
-    rank, world = dist.get_rank(), dist.get_world_size()
-    torch.backends.cudnn.allow_tf32 = False   # exact float32 arithmetic on GPUs
-    torch.backends.cuda.matmul.allow_tf32 = False
-    blob = torch.load(args.proof, weights_only=True)
-    X, y, n = blob["X"], blob["y"], blob["X"].shape[1]
-    shard = d2lmini.shard_slices(n, world)[rank]
-    loss_fn = nn.CrossEntropyLoss(reduction="sum")
-    for bn, dtype in blob["variants"]:       # e.g. ("local", "float64")
-        net = d2l.resnet18(num_classes=10, width=blob["width"])
-        net.load_state_dict(blob["state_dict"])
-        net = net.to(getattr(torch, dtype))
-        if bn == "sync":
-            net = cross_rank_batchnorm(net, device)
-        model = DDP(net.to(device), device_ids=[device.index] if device.type == "cuda" else None)
-        optimizer = torch.optim.SGD(model.parameters(), lr=blob["lr"])  # no momentum
-        model.train()
-        for s in range(X.shape[0]):
-            optimizer.zero_grad(set_to_none=True)
-            out = model(X[s, shard].to(device, getattr(torch, dtype)))
-            # DDP divides the summed gradient by `world`: scaling the shard's summed loss
-            # by world / n makes the update that of the mean loss over all n samples, even
-            # when the shards differ in size.
-            loss = loss_fn(out, y[s, shard].to(device)) * world / n
-            loss.backward()
-            optimizer.step()
-        state = {k: v.detach().cpu() for k, v in model.module.state_dict().items()}
-        torch.save(state, Path(args.out) / f"proof_{bn}_{dtype}_rank{rank}.pt")
-    return {"steps": int(X.shape[0]), "shard_size": shard.stop - shard.start}
-
-
 # ------------------------------------------------------------------------ entry points
-def run_rank(args) -> None:
-    """The work of one rank; RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT are set."""
+def run_rank(args, work=None) -> None:
+    """The work of one rank (``train``, unless ``work`` says otherwise: ddp_checks.py);
+    RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT are set."""
     device = setup(args.timeout)
     rank, world = dist.get_rank(), dist.get_world_size()
     try:
-        result = proof(args, device) if args.proof else train(args, device)
+        result = (work or train)(args, device)
         result.update(rank=rank, world_size=world, backend=dist.get_backend(),
                       device_type=device.type, launcher=args.launcher,
                       threads=torch.get_num_threads(),
@@ -267,16 +210,16 @@ def run_rank(args) -> None:
         dist.destroy_process_group()
 
 
-def spawn_worker(local_rank: int, nprocs: int, args) -> None:
+def spawn_worker(local_rank: int, nprocs: int, args, work=None) -> None:
     """Entry point of a process started by torch.multiprocessing.spawn (defined at the top
     level of a file, so that the fresh interpreter of each rank can import it)."""
     os.environ.update(RANK=str(local_rank), LOCAL_RANK=str(local_rank),
                       WORLD_SIZE=str(nprocs), LOCAL_WORLD_SIZE=str(nprocs))
-    run_rank(args)
+    run_rank(args, work)
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def parse_args(argv=None, parser=None):
+    p = parser or argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--profile", default=None, help="smoke | cpu | gpu (default: "
                    "$D2LMINI_PROFILE, else by hardware); supplies the defaults below")
     p.add_argument("--epochs", type=int)
@@ -288,11 +231,10 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--bn", choices=["local", "sync"], default="local",
                    help="per-rank BatchNorm statistics, or cross-rank (SyncBatchNorm)")
-    p.add_argument("--bn-batches", type=int, default=10, help="batches per rank to "
-                   "re-estimate the BatchNorm statistics on before each evaluation (0: keep)")
+    p.add_argument("--bn-batches", type=int, default=5, help="whole batches to re-estimate "
+                   "the BatchNorm statistics on before each evaluation (0: keep them)")
     p.add_argument("--predict", type=int, default=64, help="rank 0 saves the predictions "
                    "of the trained model on this many test images")
-    p.add_argument("--proof", default=None, help="run the BatchNorm proof on this file")
     p.add_argument("--out", required=True, help="directory for rank{r}.json, checkpoint.pt")
     p.add_argument("--timeout", type=float, default=120.0, help="collective timeout (s)")
     p.add_argument("--launcher", choices=["torchrun", "spawn"], default="torchrun",
@@ -309,14 +251,14 @@ def parse_args(argv=None):
 
 
 @record  # under torchrun: a rank's traceback goes into the launcher's error summary
-def main(argv=None) -> None:
-    args = parse_args(argv)
+def main(argv=None, args=None, work=None) -> None:
+    args = args or parse_args(argv)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     if args.launcher == "torchrun":
         if "RANK" not in os.environ:
-            sys.exit("ddp_train.py: RANK is not set; start it with torchrun "
+            sys.exit(f"{Path(sys.argv[0]).name}: RANK is not set; start it with torchrun "
                      "(python -m torch.distributed.run ...) or with --launcher spawn")
-        run_rank(args)
+        run_rank(args, work)
         return
     # torch.multiprocessing.spawn: this process only starts the ranks and waits for them.
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -324,7 +266,7 @@ def main(argv=None) -> None:
     if args.nprocs > 1:
         os.environ.setdefault("OMP_NUM_THREADS", "1")  # what torchrun does
     # join=True: if a rank fails, spawn terminates the others and re-raises its error here.
-    mp.spawn(spawn_worker, args=(args.nprocs, args), nprocs=args.nprocs, join=True)
+    mp.spawn(spawn_worker, args=(args.nprocs, args, work), nprocs=args.nprocs, join=True)
 
 
 if __name__ == "__main__":

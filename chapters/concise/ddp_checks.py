@@ -1,0 +1,105 @@
+"""Checks of ddp_train.py that are not the lesson, run on the same ranks with other work.
+
+    python -m torch.distributed.run --nproc_per_node K ddp_checks.py --proof FILE --out DIR
+    D2LMINI_FAIL_RANK=1 python -m torch.distributed.run ... ddp_checks.py --out DIR [ARGS]
+
+``--proof FILE``: the concise notebook's BatchNorm proof -- a few SGD steps from given
+weights on given batches, with per-rank and cross-rank BatchNorm; every rank saves its final
+state for the notebook to compare with one device.
+
+Without ``--proof`` it trains exactly as ddp_train.py, with fault injection for the tests:
+``D2LMINI_FAIL_RANK=r`` makes rank r raise at training step ``$D2LMINI_FAIL_STEP`` (default
+0), or stop responding there with ``D2LMINI_FAIL_MODE=hang``.  Both launchers (torchrun and
+``--launcher spawn``) work as for ddp_train.py.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import ddp_train  # noqa: E402  (the lesson's script, next to this file)
+
+import d2lmini  # noqa: E402
+from d2lmini import torch as d2l  # noqa: E402
+
+
+def proof(args, device: torch.device) -> dict:
+    """A few SGD steps from given weights on given batches, with per-rank and with
+    cross-rank BatchNorm; each rank saves its final state for the notebook to compare."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.backends.cudnn.allow_tf32 = False   # exact float32 arithmetic on GPUs
+    torch.backends.cuda.matmul.allow_tf32 = False
+    blob = torch.load(args.proof, weights_only=True)
+    X, y, n = blob["X"], blob["y"], blob["X"].shape[1]
+    shard = d2lmini.shard_slices(n, world)[rank]
+    loss_fn = nn.CrossEntropyLoss(reduction="sum")
+    for bn, dtype in blob["variants"]:       # e.g. ("local", "float64")
+        net = d2l.resnet18(num_classes=10, width=blob["width"])
+        net.load_state_dict(blob["state_dict"])
+        net = net.to(getattr(torch, dtype))
+        if bn == "sync":
+            net = ddp_train.cross_rank_batchnorm(net, device)
+        model = DDP(net.to(device), device_ids=[device.index] if device.type == "cuda" else None)
+        optimizer = torch.optim.SGD(model.parameters(), lr=blob["lr"])  # no momentum
+        model.train()
+        for s in range(X.shape[0]):
+            optimizer.zero_grad(set_to_none=True)
+            out = model(X[s, shard].to(device, getattr(torch, dtype)))
+            # DDP divides the summed gradient by `world`: scaling the shard's summed loss
+            # by world / n makes the update that of the mean loss over all n samples, even
+            # when the shards differ in size.
+            loss = loss_fn(out, y[s, shard].to(device)) * world / n
+            loss.backward()
+            optimizer.step()
+        state = {k: v.detach().cpu() for k, v in model.module.state_dict().items()}
+        torch.save(state, Path(args.out) / f"proof_{bn}_{dtype}_rank{rank}.pt")
+    return {"steps": int(X.shape[0]), "shard_size": shard.stop - shard.start}
+
+
+def maybe_fail(rank: int, step: int) -> None:
+    """Fault injection: D2LMINI_FAIL_RANK=r, D2LMINI_FAIL_STEP=s (default 0) and
+    D2LMINI_FAIL_MODE=raise (default: rank r raises) or hang (rank r stops responding)."""
+    if os.environ.get("D2LMINI_FAIL_RANK") != str(rank) or \
+            step != int(os.environ.get("D2LMINI_FAIL_STEP", "0")):
+        return
+    if os.environ.get("D2LMINI_FAIL_MODE", "raise") == "hang":
+        print(f"rank {rank} hangs at step {step} (D2LMINI_FAIL_MODE=hang)", flush=True)
+        time.sleep(24 * 3600)
+    raise RuntimeError(f"injected failure on rank {rank} at step {step} "
+                       f"(D2LMINI_FAIL_RANK={rank})")
+
+
+def failing(train_step):
+    """``train_step`` that first calls ``maybe_fail`` with this rank and its step count."""
+    steps = [0]
+
+    def step(*args, **kwargs):
+        maybe_fail(dist.get_rank(), steps[0])
+        steps[0] += 1
+        return train_step(*args, **kwargs)
+    return step
+
+
+# At import, so that ranks started by mp.spawn (which re-import this file) inject too.
+if "D2LMINI_FAIL_RANK" in os.environ:
+    ddp_train.train_step = failing(ddp_train.train_step)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--proof", default=None, help="run the BatchNorm proof on this file")
+    args = ddp_train.parse_args(argv, parser)
+    ddp_train.main(args=args, work=proof if args.proof else None)
+
+
+if __name__ == "__main__":
+    main()

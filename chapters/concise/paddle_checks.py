@@ -1,0 +1,89 @@
+"""Checks of paddle_train.py that are not the lesson, run on the same ranks with other work.
+
+    python -m paddle.distributed.launch ... paddle_checks.py --proof DIR --out OUT [options]
+    D2LMINI_FAIL_RANK=1 D2LMINI_FAIL_STEP=1 python -m paddle.distributed.launch ... \
+        paddle_checks.py --out OUT [options]
+
+``--proof DIR``: the chapter's "k devices == 1 device" experiment -- the same initial
+weights (DIR/init.pdparams), a few SGD steps on fixed global batches (DIR/batches.npz), each
+rank on its contiguous shard, with per-device and with cross-device BatchNorm.  Without
+``--proof`` it trains exactly as paddle_train.py, with fault injection for the tests:
+``D2LMINI_FAIL_RANK=r D2LMINI_FAIL_STEP=s`` make rank r raise at its training step s.  The
+launcher, ``--launcher spawn`` and one process work as for paddle_train.py.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import paddle_train  # noqa: E402  (the lesson's script, next to this file)
+
+import d2lmini  # noqa: E402
+from d2lmini import paddle as d2l  # noqa: E402
+import paddle  # noqa: E402
+from paddle import nn  # noqa: E402
+
+
+def proof(args):
+    """The same initial weights, a few SGD steps on fixed global batches, each rank on its
+    contiguous shard: once with per-device BatchNorm, once with cross-device BatchNorm.
+    In float64, so that float32 rounding cannot make equal computations drift apart."""
+    rank, world_size = paddle_train.setup()
+    paddle.set_default_dtype("float64")
+    batches = np.load(os.path.join(args.proof, "batches.npz"))
+    init = paddle.load(os.path.join(args.proof, "init.pdparams"))
+    result = {"rank": rank, "world_size": world_size}
+    for mode in ("per_device", "cross_device"):
+        net = d2l.resnet18(num_classes=10, width=args.width,
+                           sync_bn=(mode == "cross_device"))
+        net.set_state_dict(init)
+        model = paddle_train.replicate(net)
+        optimizer = paddle.optimizer.SGD(learning_rate=args.lr, parameters=model.parameters())
+        model.train()
+        for X, y in zip(batches["X"], batches["y"]):
+            part = d2lmini.shard_slices(len(y), world_size)[rank]
+            paddle_train.train_step(model, nn.CrossEntropyLoss(), optimizer,
+                       paddle.to_tensor(X[part]), paddle.to_tensor(y[part]))
+        np.savez(os.path.join(args.out, f"proof_{mode}_rank{rank}.npz"),
+                 **{name: p.numpy() for name, p in paddle_train.trainable(net)})
+        result[mode] = paddle_train.checksum(paddle_train.trainable(net))
+    paddle_train.write_json(args.out, rank, result)
+
+
+def maybe_fail(rank, step):
+    """Fault injection for the tests (D2LMINI_FAIL_RANK, D2LMINI_FAIL_STEP)."""
+    if (os.environ.get("D2LMINI_FAIL_RANK") == str(rank)
+            and int(os.environ.get("D2LMINI_FAIL_STEP", "0")) == step):
+        raise RuntimeError(f"D2LMINI_FAIL_RANK={rank}: rank {rank} fails on purpose at "
+                           f"step {step}")
+
+
+def failing(train_step):
+    """``train_step`` that first calls ``maybe_fail`` with this rank and its step count."""
+    steps = [0]
+
+    def step(*args, **kwargs):
+        maybe_fail(paddle.distributed.get_rank(), steps[0])
+        steps[0] += 1
+        return train_step(*args, **kwargs)
+    return step
+
+
+# At import, so that ranks started by spawn (which re-import this file) inject too.
+if "D2LMINI_FAIL_RANK" in os.environ:
+    paddle_train.train_step = failing(paddle_train.train_step)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--proof", default=None, help="directory with init.pdparams, batches.npz")
+    args = paddle_train.parse_args(argv, parser)
+    paddle_train.main(args=args, work=proof if args.proof else None)
+
+
+if __name__ == "__main__":
+    main()
