@@ -144,3 +144,25 @@ def test_a_chapter_notebook_runs_in_the_browser(server):
                                     "'application/vnd.jupyter.stderr'] >> text=Error").count()
         finally:
             browser.close()
+
+
+def test_the_books_folded_blocks_render_in_jupyterlab(server):
+    """The notebooks' deep dives are MyST ``:::{dropdown}`` blocks; JupyterLab renders them
+    (jupyterlab-myst) as folded blocks, not as raw fences."""
+    from playwright.sync_api import sync_playwright
+    base, token, _ = server
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.goto(f"{base}/lab/tree/chapters/scratch/pytorch.ipynb?token={token}")
+            page.wait_for_selector(".jp-Notebook .jp-MarkdownCell details summary",
+                                   timeout=120_000)
+            cell = page.locator(".jp-Notebook .jp-MarkdownCell",
+                                has=page.locator("details summary")).first
+            rendered = cell.inner_text()
+            assert ":::" not in rendered, rendered[:500]           # no raw MyST fence
+            assert cell.locator("details summary").first.inner_text().strip()   # a title
+            assert cell.locator("details").first.get_attribute("open") is None   # folded
+        finally:
+            browser.close()
