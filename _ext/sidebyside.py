@@ -2,7 +2,7 @@
 
 Usage in a MyST page::
 
-    ```{side-by-side} scratch model allreduce train_batch
+    ```{side-by-side} scratch model allreduce train_step
     ```
 
 shows, for each listed step of the chapter, the code cells tagged ``step:<name>`` in the four

@@ -14,7 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = {  # chapter -> {function defined in the cell: step name}
     "scratch": {"init_params": "model", "get_params": "get_params", "allreduce": "allreduce",
-                "train_batch": "train_batch", "ring_allreduce": "ring_allreduce"},
+                "train_step": "train_step", "ring_allreduce": "ring_allreduce"},
 }
 
 
