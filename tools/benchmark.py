@@ -9,9 +9,9 @@ and then times the functions those cells defined, with ``D2LMINI_NUM_DEVICES`` s
 count (on a GPU machine the real GPUs are used instead).
 
 Implementations (``--impls``):
-  seed      the from-scratch chapter's ``train_batch`` with its naive ``allreduce``: per-batch
+  seed      the from-scratch chapter's ``train_step`` with its naive ``allreduce``: per-batch
             host-to-device copies and the sum on device 0 -- the seed tutorial's loop
-  ring      the same ``train_batch`` with the chapter's hand-written ``ring_allreduce``
+  ring      the same ``train_step`` with the chapter's hand-written ``ring_allreduce``
   concise   the concise chapter's own tool on its ResNet-18 variant (``--width``):
             MXNet ``gluon.Trainer`` over the context list and JAX ``jit`` + ``NamedSharding``
             (in the worker process, timed per step like the above); PyTorch DDP launched by
@@ -79,12 +79,12 @@ def device_kind(devices) -> str:
 
 def scratch_step(ns: dict, impl: str, devices, lr: float):
     """One training step of the from-scratch chapter, with the naive or the ring all-reduce."""
-    train_batch, init_params, get_params = ns["train_batch"], ns["init_params"], ns["get_params"]
+    train_step, init_params, get_params = ns["train_step"], ns["init_params"], ns["get_params"]
     reduce = ns["allreduce"] if impl == "seed" else ns["ring_allreduce"]
     state = {"params": [get_params(init_params(0), d) for d in devices]}
 
     def step(X, y):
-        out = train_batch(X, y, state["params"], devices, lr, reduce=reduce)
+        out = train_step(X, y, state["params"], devices, lr, reduce=reduce)
         if out is not None:          # JAX returns the new replicas; the others update in place
             state["params"] = out
     return step
