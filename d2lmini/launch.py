@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["LaunchError", "LaunchResult", "free_port", "run", "run_all", "read_rank_results",
-           "python"]
+           "python", "maybe_fail", "failing"]
 
 
 def python() -> str:
@@ -162,3 +162,32 @@ def read_rank_results(directory, world_size: int, pattern: str = "rank{rank}.jso
     if missing:
         raise FileNotFoundError(f"these ranks wrote no result: {', '.join(missing)}")
     return [json.loads(p.read_text()) for p in paths]
+
+
+# ------------------------------------------------------------------ fault injection (tests)
+def maybe_fail(rank: int, step: int) -> None:
+    """Fault injection for the fault tests, driven by the environment:
+    ``D2LMINI_FAIL_RANK=r`` and ``D2LMINI_FAIL_STEP=s`` (default 0) make rank r raise at its
+    step s, or stop responding there with ``D2LMINI_FAIL_MODE=hang``."""
+    if os.environ.get("D2LMINI_FAIL_RANK") != str(rank) or \
+            step != int(os.environ.get("D2LMINI_FAIL_STEP", "0")):
+        return
+    if os.environ.get("D2LMINI_FAIL_MODE", "raise") == "hang":
+        import time
+        print(f"rank {rank} hangs at step {step} (D2LMINI_FAIL_MODE=hang)", flush=True)
+        time.sleep(24 * 3600)
+    raise RuntimeError(f"injected failure on rank {rank} at step {step} "
+                       f"(D2LMINI_FAIL_RANK={rank}: rank {rank} fails on purpose)")
+
+
+def failing(train_step, rank):
+    """``train_step`` that first calls :func:`maybe_fail` with ``rank()`` and its own count
+    of steps: how a ``*_checks.py`` script injects faults into a lesson's script without a
+    line of test code in it."""
+    steps = [0]
+
+    def step(*args, **kwargs):
+        maybe_fail(rank(), steps[0])
+        steps[0] += 1
+        return train_step(*args, **kwargs)
+    return step

@@ -390,3 +390,20 @@ def test_calibration_batches_are_whole_reproducible_and_not_the_training_order()
     assert len(d2lmini.calibration_batches(X, y, batch_size=500, num_batches=9)) == 1
     with pytest.raises(ValueError):
         d2lmini.calibration_batches(X, y, batch_size=16, num_batches=0)
+
+
+def test_fault_injection_wraps_a_step_and_fails_only_the_chosen_rank_and_step(monkeypatch):
+    calls = []
+    step = lambda x: calls.append(x) or x
+    monkeypatch.setenv("D2LMINI_FAIL_RANK", "1")
+    monkeypatch.setenv("D2LMINI_FAIL_STEP", "2")
+    other = launch.failing(step, rank=lambda: 0)
+    assert [other(i) for i in range(4)] == [0, 1, 2, 3]          # rank 0: never fails
+    chosen = launch.failing(step, rank=lambda: 1)
+    assert chosen("a") == "a" and chosen("b") == "b"
+    with pytest.raises(RuntimeError, match=r"injected failure on rank 1 at step 2 "
+                                           r"\(D2LMINI_FAIL_RANK=1: rank 1 fails on purpose\)"):
+        chosen("c")
+    assert calls == [0, 1, 2, 3, "a", "b"]                      # the failing step never ran
+    monkeypatch.delenv("D2LMINI_FAIL_RANK")
+    launch.maybe_fail(1, 2)                                      # not set: no fault

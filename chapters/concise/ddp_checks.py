@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -29,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ddp_train  # noqa: E402  (the lesson's script, next to this file)
 
 import d2lmini  # noqa: E402
+from d2lmini import launch  # noqa: E402
 from d2lmini import torch as d2l  # noqa: E402
 
 
@@ -65,33 +65,9 @@ def proof(args, device: torch.device) -> dict:
     return {"steps": int(X.shape[0]), "shard_size": shard.stop - shard.start}
 
 
-def maybe_fail(rank: int, step: int) -> None:
-    """Fault injection: D2LMINI_FAIL_RANK=r, D2LMINI_FAIL_STEP=s (default 0) and
-    D2LMINI_FAIL_MODE=raise (default: rank r raises) or hang (rank r stops responding)."""
-    if os.environ.get("D2LMINI_FAIL_RANK") != str(rank) or \
-            step != int(os.environ.get("D2LMINI_FAIL_STEP", "0")):
-        return
-    if os.environ.get("D2LMINI_FAIL_MODE", "raise") == "hang":
-        print(f"rank {rank} hangs at step {step} (D2LMINI_FAIL_MODE=hang)", flush=True)
-        time.sleep(24 * 3600)
-    raise RuntimeError(f"injected failure on rank {rank} at step {step} "
-                       f"(D2LMINI_FAIL_RANK={rank})")
-
-
-def failing(train_step):
-    """``train_step`` that first calls ``maybe_fail`` with this rank and its step count."""
-    steps = [0]
-
-    def step(*args, **kwargs):
-        maybe_fail(dist.get_rank(), steps[0])
-        steps[0] += 1
-        return train_step(*args, **kwargs)
-    return step
-
-
 # At import, so that ranks started by mp.spawn (which re-import this file) inject too.
 if "D2LMINI_FAIL_RANK" in os.environ:
-    ddp_train.train_step = failing(ddp_train.train_step)
+    ddp_train.train_step = launch.failing(ddp_train.train_step, dist.get_rank)
 
 
 def main(argv=None) -> None:

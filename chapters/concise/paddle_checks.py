@@ -8,7 +8,8 @@
 weights (DIR/init.pdparams), a few SGD steps on fixed global batches (DIR/batches.npz), each
 rank on its contiguous shard, with per-device and with cross-device BatchNorm.  Without
 ``--proof`` it trains exactly as paddle_train.py, with fault injection for the tests:
-``D2LMINI_FAIL_RANK=r D2LMINI_FAIL_STEP=s`` make rank r raise at its training step s.  The
+``D2LMINI_FAIL_RANK=r D2LMINI_FAIL_STEP=s`` make rank r raise at its training step s
+(``d2lmini.launch.maybe_fail``).  The
 launcher, ``--launcher spawn`` and one process work as for paddle_train.py.
 """
 from __future__ import annotations
@@ -23,6 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import paddle_train  # noqa: E402  (the lesson's script, next to this file)
 
 import d2lmini  # noqa: E402
+from d2lmini import launch  # noqa: E402
 from d2lmini import paddle as d2l  # noqa: E402
 import paddle  # noqa: E402
 from paddle import nn  # noqa: E402
@@ -54,28 +56,10 @@ def proof(args):
     paddle_train.write_json(args.out, rank, result)
 
 
-def maybe_fail(rank, step):
-    """Fault injection for the tests (D2LMINI_FAIL_RANK, D2LMINI_FAIL_STEP)."""
-    if (os.environ.get("D2LMINI_FAIL_RANK") == str(rank)
-            and int(os.environ.get("D2LMINI_FAIL_STEP", "0")) == step):
-        raise RuntimeError(f"D2LMINI_FAIL_RANK={rank}: rank {rank} fails on purpose at "
-                           f"step {step}")
-
-
-def failing(train_step):
-    """``train_step`` that first calls ``maybe_fail`` with this rank and its step count."""
-    steps = [0]
-
-    def step(*args, **kwargs):
-        maybe_fail(paddle.distributed.get_rank(), steps[0])
-        steps[0] += 1
-        return train_step(*args, **kwargs)
-    return step
-
-
 # At import, so that ranks started by spawn (which re-import this file) inject too.
 if "D2LMINI_FAIL_RANK" in os.environ:
-    paddle_train.train_step = failing(paddle_train.train_step)
+    paddle_train.train_step = launch.failing(paddle_train.train_step,
+                                             paddle.distributed.get_rank)
 
 
 def main(argv=None):
