@@ -39,11 +39,39 @@ class TrainHP:
 
 
 @dataclasses.dataclass(frozen=True)
+class CommHP:
+    """Settings of the communication chapter's timing sweep."""
+    largest: int                # largest message, bytes (the smallest is 8 bytes)
+    per_decade: int             # message sizes per factor of 10
+    warmup: int                 # untimed calls before each size
+    repeats: int                # timed calls per size (median and spread)
+    overlap_steps: int          # timed training steps per variant in "Overlap and Bucketing"
+    overlap_batch: int          # global batch of those steps
+    overlap_width: int          # ResNet-18 width of those steps
+
+
+@dataclasses.dataclass(frozen=True)
+class ScalingHP:
+    """Settings of the batch-size page's sweep: LeNet on one device, a fixed number of epochs,
+    global batches k * base_batch for k devices (see d2lmini.scaling)."""
+    train_samples: int          # a multiple of the largest batch: every batch is whole
+    test_samples: int | None    # None: all 10,000 test images
+    epochs: int
+    base_batch: int             # one device's batch, and the global batch of one device
+    base_lr: float              # the learning rate of base_batch
+    batch_sizes: tuple          # the global batches swept, base_batch first
+    warmup_epochs: float        # length of the gradual warm-up
+    hold_tol: float = 0.03      # "held accuracy": at most this below the base batch's accuracy
+
+
+@dataclasses.dataclass(frozen=True)
 class Profile:
     name: str
     description: str
     scratch: TrainHP            # LeNet, from-scratch chapter
     concise: TrainHP            # ResNet-18 variant, concise chapter
+    comm: CommHP = None         # all-reduce timing sweep, communication chapter
+    scaling: ScalingHP = None   # batch size x learning-rate sweep, comparison chapter
 
     def __str__(self) -> str:
         return f"{self.name}: {self.description}"
@@ -66,6 +94,10 @@ PROFILES: dict[str, Profile] = {
         concise=TrainHP(train_samples=512, test_samples=256, epochs=1,
                         batch_size=64, lr=0.05, big_batch_size=128, big_lr=0.1,
                         width=8, min_test_acc=0.05),
+        comm=CommHP(largest=4 << 20, per_decade=2, warmup=2, repeats=7,
+                    overlap_steps=3, overlap_batch=32, overlap_width=8),
+        scaling=ScalingHP(train_samples=2048, test_samples=512, epochs=1, base_batch=64,
+                          base_lr=0.1, batch_sizes=(64, 256, 1024), warmup_epochs=0.5),
     ),
     "cpu": Profile(
         name="cpu",
@@ -83,6 +115,10 @@ PROFILES: dict[str, Profile] = {
         concise=TrainHP(train_samples=6000, test_samples=2000, epochs=2,
                         batch_size=128, lr=0.05, big_batch_size=256, big_lr=0.1,
                         width=16, min_test_acc=0.5),
+        comm=CommHP(largest=32 << 20, per_decade=3, warmup=3, repeats=15,
+                    overlap_steps=10, overlap_batch=64, overlap_width=16),
+        scaling=ScalingHP(train_samples=12288, test_samples=4096, epochs=3, base_batch=64,
+                          base_lr=0.1, batch_sizes=(64, 128, 256, 512, 1024), warmup_epochs=1),
     ),
     "gpu": Profile(
         name="gpu",
@@ -95,6 +131,11 @@ PROFILES: dict[str, Profile] = {
         concise=TrainHP(train_samples=None, test_samples=None, epochs=10,
                         batch_size=256, lr=0.1, big_batch_size=512, big_lr=0.2,
                         width=64, min_test_acc=0.8),
+        comm=CommHP(largest=256 << 20, per_decade=3, warmup=5, repeats=20,
+                    overlap_steps=20, overlap_batch=256, overlap_width=64),
+        scaling=ScalingHP(train_samples=59392, test_samples=None, epochs=10, base_batch=64,
+                          base_lr=0.1, batch_sizes=(64, 128, 256, 512, 1024, 2048),
+                          warmup_epochs=2),
     ),
 }
 

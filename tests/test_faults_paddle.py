@@ -62,7 +62,7 @@ def test_raising_rank_fails_fast_with_its_traceback(kind, tmp_path):
     assert err.returncode is not None, f"the job hung and was killed after {TIMEOUT} s"
     assert err.returncode != 0
     assert seconds < TIMEOUT
-    assert "D2LMINI_FAIL_RANK=1: rank 1 fails on purpose at step 1" in err.log
+    assert "injected failure on rank 1 at step 1 (D2LMINI_FAIL_RANK=1: rank 1 fails on purpose)" in err.log
     assert "Traceback" in err.log
 
 
