@@ -86,3 +86,115 @@ def test_sizes_summaries_and_timing():
     calls = []
     times = cc.time_call(lambda: calls.append(1), warmup=2, repeats=5)
     assert len(times) == 5 and len(calls) == 7 and all(t >= 0 for t in times)
+
+
+def test_device_counts_sweep_2_4_8_up_to_k_and_k_itself():
+    assert cc.device_counts(1) == []
+    assert cc.device_counts(2) == [2]
+    assert cc.device_counts(3) == [2, 3]
+    assert cc.device_counts(5) == [2, 4, 5]
+    assert cc.device_counts(8) == [2, 4, 8]
+    assert cc.device_counts(12) == [2, 4, 8, 12]
+    with pytest.raises(ValueError):
+        cc.device_counts(0)
+
+
+def test_sweep_times_every_count_and_size_and_fits_the_model():
+    made, calls = [], []
+    def make_call(k, n):
+        made.append((k, n))
+        return lambda: calls.append((k, n))
+    rows = cc.sweep(make_call, [2, 4], [8, 64, 512], warmup=1, repeats=3,
+                    combine=lambda ts: [t + 1.0 for t in ts])
+    assert made == [(k, n) for k in (2, 4) for n in (8, 64, 512)]
+    assert len(calls) == 6 * 4
+    assert [(r["k"], r["bytes"]) for r in rows] == made
+    assert all(r["repeats"] == 3 and r["median"] >= 1.0 for r in rows)   # combine applied
+    # a sweep of exact model times is fitted exactly
+    alpha, beta = 3e-5, 2e-9
+    exact = [{"k": k, "bytes": n, "median": float(cc.model_time("naive", n, k, alpha, beta))}
+             for k in (2, 4, 8) for n in cc.message_sizes(8, 1 << 24)]
+    f = cc.fit_rows(exact, "naive")
+    assert f.alpha == pytest.approx(alpha, rel=1e-6) and f.beta == pytest.approx(beta, rel=1e-6)
+    assert f.max_rel_error < 1e-6
+
+
+def test_regime_size_is_where_latency_equals_bandwidth_term():
+    alpha, beta = 1e-5, 1e-9
+    for s in cc.SCHEMES:
+        n = cc.regime_size(s, 8, alpha, beta)
+        a, b = cc.coefficients(s, 8)
+        assert a * alpha == pytest.approx(b * n * beta)
+    assert cc.regime_size("ring", 1, alpha, beta) is None
+
+
+def test_links_carry_sources_and_pcie_is_computed_from_its_transfer_rate():
+    for name, link in cc.LINKS.items():
+        assert link.name == name and link.source and link.latency_source
+        assert link.bandwidth > 1e9 and link.beta == pytest.approx(1 / link.bandwidth)
+    assert cc.LINKS["PCIe 5.0 x16"].bandwidth == pytest.approx(2 * cc.LINKS["PCIe 4.0 x16"].bandwidth)
+    assert 31e9 < cc.LINKS["PCIe 4.0 x16"].bandwidth < 32e9
+    assert cc.LINKS["NVLink 4 (H100 SXM)"].bandwidth > cc.LINKS["PCIe 5.0 x16"].bandwidth
+
+
+def test_model_sizes_and_flops():
+    import d2lmini
+    assert cc.gradient_bytes(cc.LENET_SHAPES) == 4 * (180 + 20 + 25000 + 50 + 102400 + 128 + 1280 + 10)
+    spec = [(n, s) for n, s in d2lmini.resnet18_spec(width=64)
+            if not n.endswith(("running_mean", "running_var"))]
+    assert 11e6 < cc.gradient_bytes(s for _, s in spec) / 4 < 11.3e6    # ResNet-18: ~11.2 M
+    assert cc.lenet_flops() == pytest.approx(2 * (180 * 676 + 25000 * 81 + 102400 + 1280))
+    # the width enters squared in every convolution but the stem
+    assert 3.9 < cc.resnet18_flops(64) / cc.resnet18_flops(32) < 4.0
+    gpu = cc.GPUS["H100 SXM"]
+    assert cc.compute_time(1e9, 10, gpu, 0.5) == pytest.approx(3e10 / (gpu.fp32_flops * 0.5))
+
+
+def test_predicted_step_overlap_and_best_speedup():
+    link = cc.Link("test", 1e9, "made up", 1e-5, "made up")
+    p1 = cc.predict_step(1.0, 1e6, 1, link, overlap=False)
+    assert p1["comm_s"] == 0 and p1["speedup"] == pytest.approx(1.0)
+    no = cc.predict_step(0.1, 1e8, 4, link, overlap=False)
+    yes = cc.predict_step(0.1, 1e8, 4, link, overlap=True)
+    assert no["comm_s"] == pytest.approx(6e-5 + 1.5 * 1e8 / 1e9)
+    assert no["step_s"] == pytest.approx(0.025 + no["comm_s"])
+    assert yes["step_s"] < no["step_s"] and yes["speedup"] > no["speedup"]
+    # communication much shorter than backward: overlap hides it completely
+    tiny = cc.predict_step(10.0, 8, 4, link, overlap=True)
+    assert tiny["step_s"] == pytest.approx(2.5)
+    k, s = cc.best_speedup(1.0, 1e8, link, overlap=False, max_k=64)
+    assert 2 <= k <= 64 and s == max(cc.predict_step(1.0, 1e8, j, link, overlap=False)["speedup"]
+                                    for j in range(1, 65))
+    assert 1 < s < 1.0 / (1e8 / 1e9)                 # never above compute / (n * beta)
+    assert cc.best_speedup(0.01, 1e8, link, overlap=False, max_k=64) == (1, 1.0)
+
+
+def test_hidden_fraction():
+    assert cc.hidden_fraction(1.0, 2.0, 1.0) == 1.0
+    assert cc.hidden_fraction(1.5, 2.0, 1.0) == pytest.approx(0.5)
+    assert cc.hidden_fraction(2.5, 2.0, 1.0) == 0.0
+    assert cc.hidden_fraction(1.0, 1.0, 1.2) == 0.0
+
+
+def test_record_writes_fits_with_hardware_and_skips_smoke(tmp_path):
+    f = cc.Fit("ring", 1e-5, 1e-9, 0.1, 0.3, 12)
+    path = tmp_path / "results.json"
+    assert cc.record(path, framework="torch", api="x", devices=2, profile="smoke",
+                     fits={"ring": f}, rows={"ring": []}) is None
+    assert not path.exists()
+    cc.record(path, framework="torch", api="x", devices=2, profile="cpu", fits={"ring": f},
+              rows={"ring": [{"k": 2}]})
+    cc.record(path, framework="torch", api="x", devices=2, profile="cpu", fits={"ring": f},
+              rows={"ring": [{"k": 2}]})
+    import json
+    recs = json.loads(path.read_text())
+    assert len(recs) == 1 and recs[0]["chapter"] == "comm"
+    assert recs[0]["fits"]["ring"]["alpha"] == 1e-5 and "hardware" in recs[0] and "versions" in recs[0]
+    assert "alpha" in cc.report("ring", f) and "10.0%" in cc.report("ring", f)
+
+
+def test_time_call_runs_before_untimed_each_repeat():
+    order = []
+    cc.time_call(lambda: order.append("call"), warmup=1, repeats=2,
+                 before=lambda: order.append("before"))
+    assert order == ["call", "before", "call", "before", "call"]

@@ -8,6 +8,10 @@ code cells, except its long training runs (under the smoke profile, so that part
 and then times the functions those cells defined, with ``D2LMINI_NUM_DEVICES`` set to the device
 count (on a GPU machine the real GPUs are used instead).
 
+``--comm`` instead times each framework's own all-reduce over message sizes and device counts
+with the communication chapter's ``d2lmini.commcost.sweep`` and fits the alpha-beta model
+(``benchmarks/comm.json``).
+
 Implementations (``--impls``):
   seed      the from-scratch chapter's ``train_step`` with its naive ``allreduce``: per-batch
             host-to-device copies and the sum on device 0 -- the seed tutorial's loop
@@ -247,6 +251,86 @@ def summarise(rec: dict) -> dict:
     return rec
 
 
+# ---------------------------------------------------------------- comm mode --------------
+COMM_DIR = ROOT / "chapters" / "comm"
+
+
+def comm_sweep(fw: str, counts: list[int], sizes: list[int], warmup: int, repeats: int) -> list[dict]:
+    """The communication chapter's sweep of ``fw``'s own all-reduce (d2lmini.commcost.sweep):
+    in this process for JAX and MXNet, launched gloo ranks for PyTorch and Paddle."""
+    import tempfile
+    sys.path.insert(0, str(COMM_DIR))
+    from d2lmini import commcost as cc
+    from d2lmini import launch
+    if fw in ("jax", "mxnet"):
+        backend = __import__(f"d2lmini.{fw}", fromlist=["try_all_gpus"])
+        module = __import__(f"{fw}_allreduce")
+        devices = backend.try_all_gpus()
+        return cc.sweep(lambda j, n: module.time_allreduce(devices[:j], n), counts, sizes,
+                        warmup=warmup, repeats=repeats)
+    rows = []
+    for j in counts:
+        with tempfile.TemporaryDirectory() as out:
+            script = str(COMM_DIR / f"{NOTEBOOK[fw]}_allreduce.py")
+            opts = ["--out", out, "--sizes", ",".join(map(str, sizes)), "--warmup", str(warmup),
+                    "--repeats", str(repeats)]
+            if fw == "torch":
+                cmd = [launch.python(), "-m", "torch.distributed.run", "--nproc_per_node", str(j),
+                       "--master_port", str(launch.free_port()), script, *opts]
+            else:
+                cmd = [launch.python(), script, "--nprocs", str(j), "--port",
+                       str(launch.free_port()), *opts]
+            launch.run(cmd, timeout=900, env={"CUDA_VISIBLE_DEVICES": ""} if fw == "torch" else {},
+                       cwd=str(COMM_DIR))
+            rows += json.loads((Path(out) / "result.json").read_text())["rows"]
+    return rows
+
+
+def comm_main(args) -> int:
+    """``--comm``: every framework's all-reduce over sizes and device counts, fitted with the
+    alpha-beta model; one worker process per framework (JAX fixes its device count at start)."""
+    sys.path.insert(0, str(ROOT))
+    from d2lmini import commcost as cc
+    from d2lmini.results import hardware_info, versions
+    counts = sorted({int(c) for c in args.devices.split(",") if int(c) > 1})
+    sizes = cc.message_sizes(max(32, 4 * max(counts)), args.comm_largest, 3)
+    scheme = {"mxnet": "naive", "torch": "ring", "jax": "ring", "paddle": "ring"}
+    if args.worker:
+        rows = comm_sweep(args.framework, counts, sizes, args.warmup, args.repeats)
+        print("BENCH-JSON " + json.dumps(rows), flush=True)
+        return 0
+    records, failures = [], []
+    for fw in args.frameworks.split(","):
+        cmd = [sys.executable, __file__, "--comm", "--worker", "--framework", fw,
+               "--devices", args.devices, "--warmup", str(args.warmup), "--repeats",
+               str(args.repeats), "--comm-largest", str(args.comm_largest)]
+        env = dict(os.environ, D2LMINI_NUM_DEVICES=str(max(counts)), PYTHONPATH=str(ROOT))
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=str(COMM_DIR),
+                              timeout=args.timeout)
+        line = next((l for l in proc.stdout.splitlines() if l.startswith("BENCH-JSON ")), None)
+        if proc.returncode or line is None:
+            failures.append({"framework": fw, "error": (proc.stderr or proc.stdout).strip()[-300:]})
+            print(f"{fw:7s} comm: FAILED", flush=True)
+            continue
+        rows = json.loads(line[len("BENCH-JSON "):])
+        f = cc.fit_rows(rows, scheme[fw])
+        print(cc.report(f"{fw} ({scheme[fw]})", f), flush=True)
+        records.append({"framework": fw, "scheme": f.scheme, "alpha": f.alpha, "beta": f.beta,
+                        "median_rel_error": f.median_rel_error, "max_rel_error": f.max_rel_error,
+                        "rows": rows})
+    out = {"settings": {"devices": counts, "sizes": sizes, "warmup": args.warmup,
+                        "repeats": args.repeats},
+           "hardware": hardware_info(), "versions": versions(),
+           "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+           "results": records, "failures": failures}
+    path = Path(args.out if args.out != str(ROOT / "benchmarks" / "results.json")
+                else ROOT / "benchmarks" / "comm.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=1) + "\n")
+    print(f"wrote {path}")
+    return 1 if failures else 0
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description="Benchmark data-parallel training steps.")
     ap.add_argument("--frameworks", default="mxnet,torch,jax,paddle")
@@ -267,7 +351,15 @@ def main(argv=None):
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--framework", help=argparse.SUPPRESS)
     ap.add_argument("--impl", help=argparse.SUPPRESS)
+    ap.add_argument("--comm", action="store_true",
+                    help="time each framework's all-reduce over message sizes and --devices "
+                         "(> 1) and fit the alpha-beta model (chapters/comm); writes "
+                         "benchmarks/comm.json unless --out is given")
+    ap.add_argument("--comm-largest", type=int, default=32 << 20,
+                    help="largest message in bytes for --comm")
     args = ap.parse_args(argv)
+    if args.comm:
+        return comm_main(args)
     if args.worker:
         args.devices = int(args.devices)
         print("BENCH-JSON " + json.dumps(worker(args)), flush=True)
