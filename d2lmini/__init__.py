@@ -16,7 +16,7 @@ from .data import (BatchIterator, DataError, FashionMNIST, TEXT_LABELS, calibrat
                    get_fashion_mnist_labels, load_fashion_mnist)
 from .plot import Animator
 from .utils import (TIE_MARGIN, Accumulator, Timer, check_device_count, evaluate_accuracy_with,
-                    predictions_agree, shard_slices, show_diff, unified_diff)
+                    predictions_agree, shard_slices, show_diff, train_summary, unified_diff)
 from .models import resnet18_init, resnet18_spec
 
 __version__ = "0.1.0"
@@ -27,7 +27,7 @@ __all__ = ["Accumulator", "Animator", "BatchIterator", "DataError", "DevicePlan"
            "Profile", "TEXT_LABELS", "Timer", "check_device_count", "find_data_dir",
            "get_fashion_mnist_labels", "get_profile", "host_has_gpu", "load_fashion_mnist",
            "num_simulated_devices", "resnet18_init", "resnet18_spec", "shard_slices",
-           "show_diff", "unified_diff"]
+           "show_diff", "train_summary", "unified_diff"]
 from .collectives import Transfer, chunk_slices, naive_schedule, ring_schedule, traffic
 
 __all__ += ["Transfer", "chunk_slices", "naive_schedule", "ring_schedule", "traffic"]

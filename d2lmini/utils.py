@@ -92,6 +92,18 @@ def check_device_count(requested: int, available: list, how_to_get_more: str) ->
     return list(available[:requested])
 
 
+def train_summary(test_acc: float, s_per_epoch: float, devices, batch_size: int,
+                  lr: float) -> str:
+    """The last line of a from-scratch training run, the same in every framework::
+
+        test acc 0.814, 24.0 s/epoch on 1 device(s) [cpu(0)], batch 256, lr 0.3
+
+    ``devices`` is printed as given (a list of the framework's devices, or their names).
+    """
+    return (f"test acc {test_acc:.3f}, {s_per_epoch:.1f} s/epoch on {len(devices)} device(s) "
+            f"{devices}, batch {batch_size}, lr {lr}")
+
+
 def evaluate_accuracy_with(split_batch, accuracy, net, data_iter, devices) -> float:
     """The evaluation loop every backend shares: accuracy with each batch split over devices.
 
