@@ -32,3 +32,7 @@ from .collectives import Transfer, chunk_slices, naive_schedule, ring_schedule, 
 
 __all__ += ["Transfer", "chunk_slices", "naive_schedule", "ring_schedule", "traffic"]
 from . import recipe  # noqa: E402  (the concise chapter's shared recipe code)
+from . import sharding  # noqa: E402  (the sharded chapter's state accounting)
+from .models import LENET_SHAPES, lenet_init  # noqa: E402
+
+__all__ += ["LENET_SHAPES", "lenet_init", "sharding"]

@@ -291,7 +291,7 @@ GPUS: dict[str, Gpu] = {
 }
 
 # The from-scratch chapter's LeNet: W1, b1, W2, b2, W3, b3, W4, b4 (its init_params shapes).
-LENET_SHAPES = [(20, 1, 3, 3), (20,), (50, 20, 5, 5), (50,), (800, 128), (128,), (128, 10), (10,)]
+from .models import LENET_SHAPES  # noqa: E402  (re-exported: the chapter's notebooks use cc.LENET_SHAPES)
 
 
 def gradient_bytes(shapes: Iterable[tuple[int, ...]], itemsize: int = 4) -> int:

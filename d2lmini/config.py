@@ -65,6 +65,21 @@ class ScalingHP:
 
 
 @dataclasses.dataclass(frozen=True)
+class ShardedHP:
+    """Settings of the sharded data-parallelism chapter: LeNet trained with Adam."""
+    device_batch: int           # examples per device in the proofs (global batch: k times this)
+    proof_steps: int            # Adam steps the proofs compare after
+    lr: float                   # Adam's learning rate
+    accum_steps: int            # micro-batches of one accumulated step
+    train_samples: int | None   # the float32 vs bfloat16 training runs (None: all 60,000)
+    test_samples: int | None
+    epochs: int
+    batch_size: int
+    min_test_acc: float         # both runs must beat this (chance: 0.1)
+    max_acc_gap: float          # |accuracy(bfloat16) - accuracy(float32)| at most this
+
+
+@dataclasses.dataclass(frozen=True)
 class Profile:
     name: str
     description: str
@@ -72,6 +87,7 @@ class Profile:
     concise: TrainHP            # ResNet-18 variant, concise chapter
     comm: CommHP = None         # all-reduce timing sweep, communication chapter
     scaling: ScalingHP = None   # batch size x learning-rate sweep, comparison chapter
+    sharded: ShardedHP = None   # ZeRO / FSDP chapter
 
     def __str__(self) -> str:
         return f"{self.name}: {self.description}"
@@ -98,6 +114,9 @@ PROFILES: dict[str, Profile] = {
                     overlap_steps=3, overlap_batch=32, overlap_width=8),
         scaling=ScalingHP(train_samples=2048, test_samples=512, epochs=1, base_batch=64,
                           base_lr=0.1, batch_sizes=(64, 256, 1024), warmup_epochs=0.5),
+        sharded=ShardedHP(device_batch=8, proof_steps=3, lr=1e-3, accum_steps=4,
+                          train_samples=2048, test_samples=512, epochs=1, batch_size=64,
+                          min_test_acc=0.2, max_acc_gap=0.15),
     ),
     "cpu": Profile(
         name="cpu",
@@ -119,6 +138,9 @@ PROFILES: dict[str, Profile] = {
                     overlap_steps=10, overlap_batch=64, overlap_width=16),
         scaling=ScalingHP(train_samples=12288, test_samples=4096, epochs=3, base_batch=64,
                           base_lr=0.1, batch_sizes=(64, 128, 256, 512, 1024), warmup_epochs=1),
+        sharded=ShardedHP(device_batch=16, proof_steps=5, lr=1e-3, accum_steps=4,
+                          train_samples=12000, test_samples=2000, epochs=2, batch_size=128,
+                          min_test_acc=0.6, max_acc_gap=0.05),
     ),
     "gpu": Profile(
         name="gpu",
@@ -136,6 +158,9 @@ PROFILES: dict[str, Profile] = {
         scaling=ScalingHP(train_samples=59392, test_samples=None, epochs=10, base_batch=64,
                           base_lr=0.1, batch_sizes=(64, 128, 256, 512, 1024, 2048),
                           warmup_epochs=2),
+        sharded=ShardedHP(device_batch=32, proof_steps=5, lr=1e-3, accum_steps=4,
+                          train_samples=None, test_samples=None, epochs=5, batch_size=256,
+                          min_test_acc=0.8, max_acc_gap=0.02),
     ),
 }
 

@@ -12,6 +12,18 @@ from __future__ import annotations
 
 import numpy as np
 
+#: The from-scratch chapter's LeNet: W1, b1, W2, b2, W3, b3, W4, b4 (convolutions (out, in, kh, kw),
+#: dense layers (in, out), as its notebooks multiply ``h @ W``).
+LENET_SHAPES = [(20, 1, 3, 3), (20,), (50, 20, 5, 5), (50,), (800, 128), (128,), (128, 10), (10,)]
+
+
+def lenet_init(seed: int = 0) -> list[np.ndarray]:
+    """The from-scratch chapter's LeNet draw, float32: weights ~ N(0, 0.01^2) drawn in the order
+    of ``LENET_SHAPES``, biases zero.  The same arrays in every framework."""
+    rng = np.random.default_rng(seed)
+    return [(np.zeros(shape) if len(shape) == 1 else rng.normal(0, 0.01, shape)).astype(np.float32)
+            for shape in LENET_SHAPES]
+
 
 def _conv(prefix, cin, cout, k):
     return [(f"{prefix}.weight", (cout, cin, k, k)), (f"{prefix}.bias", (cout,))]

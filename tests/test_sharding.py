@@ -1,0 +1,113 @@
+"""d2lmini.sharding: the ZeRO schedules, byte accounting and the memory check."""
+import math
+
+import numpy as np
+import pytest
+
+import d2lmini
+from d2lmini import sharding as sh
+from d2lmini.collectives import chunk_slices, ring_schedule, traffic
+
+N = sum(math.prod(s) for s in d2lmini.LENET_SHAPES)
+
+
+def run(schedule, bufs, k):
+    chunks = chunk_slices(bufs[0].size, k)
+    for step in schedule:
+        msgs = [(t, bufs[t.src][chunks[t.chunk]].copy()) for t in step]
+        for t, m in msgs:
+            if t.op == "add":
+                bufs[t.dst][chunks[t.chunk]] += m
+            else:
+                bufs[t.dst][chunks[t.chunk]] = m
+    return bufs
+
+
+@pytest.mark.parametrize("k", range(1, 9))
+def test_reduce_scatter_leaves_owner_with_the_sum(k):
+    rng = np.random.default_rng(k)
+    n = 3 * k + 2
+    data = [rng.integers(-9, 9, n).astype(np.int64) for _ in range(k)]
+    total = sum(data)
+    out = run(sh.reduce_scatter_schedule(k), [d.copy() for d in data], k)
+    for i, c in enumerate(chunk_slices(n, k)):
+        assert np.array_equal(out[i][c], total[c])
+
+
+@pytest.mark.parametrize("k", range(1, 9))
+def test_all_gather_from_owners(k):
+    n = 2 * k + 1
+    full = np.arange(n)
+    bufs = [np.full(n, -1) for _ in range(k)]
+    for i, c in enumerate(chunk_slices(n, k)):
+        bufs[i][c] = full[c]
+    for b in run(sh.all_gather_schedule(k), bufs, k):
+        assert np.array_equal(b, full)
+
+
+@pytest.mark.parametrize("k", range(1, 9))
+def test_reduce_scatter_plus_all_gather_moves_one_all_reduce(k):
+    rs = traffic(sh.reduce_scatter_schedule(k), N, k)["sent"]
+    ag = traffic(sh.all_gather_schedule(k), N, k)["sent"]
+    ar = traffic(ring_schedule(k), N, k)["sent"]
+    assert sum(rs) + sum(ag) == sum(ar)
+    assert all(abs(a + b - c) <= 2 * 4 for a, b, c in zip(rs, ag, ar))  # chunks differ by 1 element
+    t0, t1, t2 = (sh.step_traffic(N, k, s)["total"] for s in (0, 1, 2))
+    assert sum(t1) == sum(t2) == sum(t0)
+    t3 = sh.step_traffic(N, k, 3)
+    assert sum(t3["total"]) == sum(rs) + 2 * sum(ag)
+    assert sum(sh.step_traffic(N, k, 3, regather=False)["total"]) == sum(t0)
+
+
+def test_state_bytes_and_the_paper_formula():
+    for k in range(1, 9):
+        for stage in sh.STAGES:
+            rows = sh.state_bytes(N, k, stage)
+            per_param = sh.bytes_per_parameter(k, stage)
+            assert sum(r["total"] for r in rows) == pytest.approx(per_param * N * k)
+            assert max(r["total"] for r in rows) - min(r["total"] for r in rows) <= 16
+    assert sh.bytes_per_parameter(1, 0, sh.MIXED_ADAM) == 16
+    assert sh.bytes_per_parameter(8, 1, sh.MIXED_ADAM) == 2 + 2 + 12 / 8
+    assert sh.bytes_per_parameter(8, 2, sh.MIXED_ADAM) == 2 + 14 / 8
+    assert sh.bytes_per_parameter(8, 3, sh.MIXED_ADAM) == 16 / 8
+    with pytest.raises(ValueError):
+        sh.state_bytes(N, 2, 4)
+    with pytest.raises(ValueError):
+        sh.state_bytes(3, 4, 1)
+
+
+def test_memory_ok_accepts_exact_chunks_and_catches_replicas():
+    exact = lambda j, st: [{p: r[p] for p in sh.PARTS} for r in sh.state_bytes(N, j, st)]
+    rows = sh.memory_rows(exact, N, range(1, 9))
+    assert sh.memory_ok(rows)
+    assert "ZeRO-3" in sh.memory_table(rows)
+    # a "ZeRO-1" that still keeps the whole optimizer state on every device
+    wrong = lambda j, st: [{p: r[p] for p in sh.PARTS} for r in sh.state_bytes(N, j, 0)]
+    assert not sh.memory_ok(sh.memory_rows(wrong, N, [2], stages=(1,)))
+    # padding beyond the slack is caught, within it accepted
+    padded = lambda j, st: [dict(m, optimizer=m["optimizer"] + 8 * 20) for m in exact(j, st)]
+    assert not sh.memory_ok(sh.memory_rows(padded, N, [3], stages=(1,)))
+    assert sh.memory_ok(sh.memory_rows(padded, N, [3], stages=(1,)), slack_elements=21)
+    with pytest.raises(ValueError):
+        sh.memory_rows(lambda j, st: exact(1, st), N, [2])
+
+
+def test_max_abs_diff_and_peak_rss():
+    a = [np.zeros((2, 3)), np.ones(4)]
+    b = [np.zeros((2, 3)), np.ones(4) + 0.5]
+    assert sh.max_abs_diff(a, b) == 0.5
+    with pytest.raises(ValueError):
+        sh.max_abs_diff(a, b[:1])
+    with pytest.raises(ValueError):
+        sh.max_abs_diff([np.zeros(2)], [np.zeros(3)])
+    assert sh.peak_rss_bytes() > 10 << 20
+
+
+def test_lenet_init_is_the_scratch_draw():
+    arrays = d2lmini.lenet_init(0)
+    assert [a.shape for a in arrays] == d2lmini.LENET_SHAPES
+    assert all(a.dtype == np.float32 for a in arrays)
+    assert sum(a.size for a in arrays) == N == 129068
+    rng = np.random.default_rng(0)
+    assert np.array_equal(arrays[0], rng.normal(0, 0.01, (20, 1, 3, 3)).astype(np.float32))
+    assert not arrays[1].any()
