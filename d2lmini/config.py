@@ -41,7 +41,7 @@ class TrainHP:
 @dataclasses.dataclass(frozen=True)
 class CommHP:
     """Settings of the communication chapter's timing sweep."""
-    largest: int                # largest message, bytes (the smallest is 8 bytes)
+    largest: int                # largest message, bytes (the smallest: 32 bytes, or 4 bytes per device)
     per_decade: int             # message sizes per factor of 10
     warmup: int                 # untimed calls before each size
     repeats: int                # timed calls per size (median and spread)

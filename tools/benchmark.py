@@ -255,35 +255,25 @@ def summarise(rec: dict) -> dict:
 COMM_DIR = ROOT / "chapters" / "comm"
 
 
-def comm_sweep(fw: str, counts: list[int], sizes: list[int], warmup: int, repeats: int) -> list[dict]:
-    """The communication chapter's sweep of ``fw``'s own all-reduce (d2lmini.commcost.sweep):
-    in this process for JAX and MXNet, launched gloo ranks for PyTorch and Paddle."""
-    import tempfile
-    sys.path.insert(0, str(COMM_DIR))
-    from d2lmini import commcost as cc
-    from d2lmini import launch
-    if fw in ("jax", "mxnet"):
-        backend = __import__(f"d2lmini.{fw}", fromlist=["try_all_gpus"])
-        module = __import__(f"{fw}_allreduce")
-        devices = backend.try_all_gpus()
-        return cc.sweep(lambda j, n: module.time_allreduce(devices[:j], n), counts, sizes,
-                        warmup=warmup, repeats=repeats)
-    rows = []
-    for j in counts:
-        with tempfile.TemporaryDirectory() as out:
-            script = str(COMM_DIR / f"{NOTEBOOK[fw]}_allreduce.py")
-            opts = ["--out", out, "--sizes", ",".join(map(str, sizes)), "--warmup", str(warmup),
-                    "--repeats", str(repeats)]
-            if fw == "torch":
-                cmd = [launch.python(), "-m", "torch.distributed.run", "--nproc_per_node", str(j),
-                       "--master_port", str(launch.free_port()), script, *opts]
-            else:
-                cmd = [launch.python(), script, "--nprocs", str(j), "--port",
-                       str(launch.free_port()), *opts]
-            launch.run(cmd, timeout=900, env={"CUDA_VISIBLE_DEVICES": ""} if fw == "torch" else {},
-                       cwd=str(COMM_DIR))
-            rows += json.loads((Path(out) / "result.json").read_text())["rows"]
-    return rows
+def comm_sweep(fw: str, counts: list[int], sizes: list[int], warmup: int,
+               repeats: int) -> tuple[list[dict], str]:
+    """The communication chapter's own ``measure_allreduce`` (the notebook's setup cells and
+    its cell tagged ``step:measure_allreduce``), run with the benchmark's warm-up and repeats:
+    in this process for JAX and MXNet, launched gloo ranks for PyTorch and Paddle.  Returns
+    the sweep's rows and the scheme the notebook fits them with."""
+    import dataclasses
+    path = COMM_DIR / f"{NOTEBOOK[fw]}.ipynb"
+    ns = exec_notebook(path, stop="## The Model We Fit")           # imports, devices, profile
+    cells = json.loads(path.read_text())["cells"]
+    step = [c for c in cells if "step:measure_allreduce" in c["metadata"].get("tags", [])]
+    exec(compile("".join(step[0]["source"]), path.name, "exec"), ns)
+    P = ns["P"]
+    ns["P"] = dataclasses.replace(P, comm=dataclasses.replace(P.comm, warmup=warmup,
+                                                                 repeats=repeats))
+    rows, sums_ok = ns["measure_allreduce"](counts, sizes)
+    if not all(sums_ok):
+        raise RuntimeError(f"{fw}: an all-reduce returned a wrong sum")
+    return rows, ns["FRAMEWORK_SCHEME"]
 
 
 def comm_main(args) -> int:
@@ -294,10 +284,9 @@ def comm_main(args) -> int:
     from d2lmini.results import hardware_info, versions
     counts = sorted({int(c) for c in args.devices.split(",") if int(c) > 1})
     sizes = cc.message_sizes(max(32, 4 * max(counts)), args.comm_largest, 3)
-    scheme = {"mxnet": "naive", "torch": "ring", "jax": "ring", "paddle": "ring"}
     if args.worker:
-        rows = comm_sweep(args.framework, counts, sizes, args.warmup, args.repeats)
-        print("BENCH-JSON " + json.dumps(rows), flush=True)
+        rows, scheme = comm_sweep(args.framework, counts, sizes, args.warmup, args.repeats)
+        print("BENCH-JSON " + json.dumps({"rows": rows, "scheme": scheme}), flush=True)
         return 0
     records, failures = [], []
     for fw in args.frameworks.split(","):
@@ -312,9 +301,10 @@ def comm_main(args) -> int:
             failures.append({"framework": fw, "error": (proc.stderr or proc.stdout).strip()[-300:]})
             print(f"{fw:7s} comm: FAILED", flush=True)
             continue
-        rows = json.loads(line[len("BENCH-JSON "):])
-        f = cc.fit_rows(rows, scheme[fw])
-        print(cc.report(f"{fw} ({scheme[fw]})", f), flush=True)
+        result = json.loads(line[len("BENCH-JSON "):])
+        rows, scheme = result["rows"], result["scheme"]
+        f = cc.fit_rows(rows, scheme)
+        print(cc.report(f"{fw} ({scheme})", f), flush=True)
         records.append({"framework": fw, "scheme": f.scheme, "alpha": f.alpha, "beta": f.beta,
                         "median_rel_error": f.median_rel_error, "max_rel_error": f.max_rel_error,
                         "rows": rows})
