@@ -191,3 +191,21 @@ def failing(train_step, rank):
         steps[0] += 1
         return train_step(*args, **kwargs)
     return step
+
+
+def install_fault_injection(lesson, rank) -> None:
+    """In a ``*_checks.py`` script, at import (ranks started by spawn re-import it): with
+    ``D2LMINI_FAIL_RANK`` set, wrap the lesson module's ``train_step`` with :func:`failing`."""
+    if "D2LMINI_FAIL_RANK" in os.environ:
+        lesson.train_step = failing(lesson.train_step, rank)
+
+
+def checks_main(lesson, proof, description: str, proof_help: str, argv=None) -> None:
+    """The ``main`` of a ``*_checks.py`` script: the lesson's command line plus ``--proof``;
+    with it the ranks run ``proof(args)`` instead of training, without it they train exactly
+    as the lesson does (with any injected fault)."""
+    import argparse
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--proof", default=None, help=proof_help)
+    args = lesson.parse_args(argv, parser)
+    lesson.main(args=args, work=proof if args.proof else None)

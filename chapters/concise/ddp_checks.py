@@ -14,8 +14,6 @@ Without ``--proof`` it trains exactly as ddp_train.py, with fault injection for 
 """
 from __future__ import annotations
 
-import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -66,15 +64,12 @@ def proof(args, device: torch.device) -> dict:
 
 
 # At import, so that ranks started by mp.spawn (which re-import this file) inject too.
-if "D2LMINI_FAIL_RANK" in os.environ:
-    ddp_train.train_step = launch.failing(ddp_train.train_step, dist.get_rank)
+launch.install_fault_injection(ddp_train, dist.get_rank)
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--proof", default=None, help="run the BatchNorm proof on this file")
-    args = ddp_train.parse_args(argv, parser)
-    ddp_train.main(args=args, work=proof if args.proof else None)
+    launch.checks_main(ddp_train, proof, __doc__.split("\n")[0],
+                       "run the BatchNorm proof on this file", argv)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ launcher, ``--launcher spawn`` and one process work as for paddle_train.py.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -57,16 +56,12 @@ def proof(args):
 
 
 # At import, so that ranks started by spawn (which re-import this file) inject too.
-if "D2LMINI_FAIL_RANK" in os.environ:
-    paddle_train.train_step = launch.failing(paddle_train.train_step,
-                                             paddle.distributed.get_rank)
+launch.install_fault_injection(paddle_train, paddle.distributed.get_rank)
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--proof", default=None, help="directory with init.pdparams, batches.npz")
-    args = paddle_train.parse_args(argv, parser)
-    paddle_train.main(args=args, work=proof if args.proof else None)
+    launch.checks_main(paddle_train, proof, __doc__.split("\n")[0],
+                       "directory with init.pdparams, batches.npz", argv)
 
 
 if __name__ == "__main__":
