@@ -1,16 +1,21 @@
 """One run of tools/rounding.py, in its own process: the concise chapter's one-device training
 (the profile's width, data, batch, learning rate and epochs; the shared initial weights; the
 batches of d2lmini.BatchIterator with seed 0) in one framework, printing JSON: the loss of every
-step and, after the last epoch, the test accuracy by the book's BatchNorm rule.
+step and, after the last epoch, the test accuracy by the book's BatchNorm rule.  Each step is
+the recipe's own ``train_step`` (chapters/concise/recipe/<framework>_one.py), so the runs
+compared are the chapter's code, not a copy of it.
 
     python tools/_rounding_worker.py FRAMEWORK THREADS STEPS|all
 """
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 
 import d2lmini
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "chapters" / "concise" / "recipe"))
 
 fw, threads, steps = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 hp = d2lmini.get_profile("cpu").concise
@@ -39,12 +44,9 @@ if fw == "torch":
     net = d2l.canonical_init(d2l.resnet18(10, 1, width=hp.width), arrays).train()
     opt = torch.optim.SGD(net.parameters(), lr=hp.lr)
     loss_fn = nn.CrossEntropyLoss()
+    from pytorch_one import train_step
     for X, y in batches():
-        opt.zero_grad()
-        loss = loss_fn(net(torch.from_numpy(X)), torch.from_numpy(y))
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+        losses.append(float(train_step(net, loss_fn, opt, torch.from_numpy(X), torch.from_numpy(y))))
     if steps == "all":
         d2l.recalibrate_batchnorm(net, calibration)
         net.eval()
@@ -53,16 +55,13 @@ if fw == "torch":
                                              [torch.device("cpu")])
 elif fw == "mxnet":
     from d2lmini import mxnet as d2l
-    from mxnet import autograd, gluon, nd
+    from mxnet import gluon
+    from mxnet_one import train_step
     net = d2l.canonical_init(d2l.resnet18(10, 1, width=hp.width), arrays)
     trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": hp.lr})
-    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    device = d2l.get_devices(1)[0]
     for X, y in batches():
-        with autograd.record():
-            loss = loss_fn(net(nd.array(X)), nd.array(y))
-        loss.backward()
-        trainer.step(len(y))
-        losses.append(float(loss.mean().asscalar()))
+        losses.append(float(train_step(net, trainer, X, y, device)))
     if steps == "all":
         d2l.recalibrate_batchnorm(net, calibration)
         test_acc = d2l.evaluate_accuracy(net, d2lmini.BatchIterator(data.X_test, data.y_test, 256),
@@ -75,21 +74,10 @@ elif fw == "jax":
     variables = d2l.canonical_init(net, arrays)
     tx = optax.sgd(hp.lr)
     state = {"params": variables["params"], "batch_stats": variables["batch_stats"],
-             "opt": tx.init(variables["params"])}
-
-    @jax.jit
-    def step(state, X, y):
-        def loss_fn(p):
-            logits, upd = net.apply({"params": p, "batch_stats": state["batch_stats"]}, X,
-                                    train=True, mutable=["batch_stats"])
-            return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean(), upd
-        (loss, upd), g = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
-        u, o = tx.update(g, state["opt"])
-        return {"params": optax.apply_updates(state["params"], u),
-                "batch_stats": upd["batch_stats"], "opt": o}, loss
-
+             "opt_state": tx.init(variables["params"])}
+    from jax_one import train_step
     for X, y in batches():
-        state, loss = step(state, X, y.astype(np.int32))
+        state, loss = train_step(net, tx, state, X, y.astype(np.int32))
         losses.append(float(loss))
     if steps == "all":
         v = d2l.recalibrate_batchnorm(net, {"params": state["params"],
