@@ -24,7 +24,7 @@ import dataclasses
 import math
 import sys
 
-from .collectives import Transfer, chunk_slices, ring_schedule, traffic
+from .collectives import Transfer, chunk_slices, traffic
 
 __all__ = ["STAGES", "STAGE_NAMES", "SHARDED_PARTS", "PARTS", "Precision", "FP32_ADAM",
            "MIXED_ADAM", "reduce_scatter_schedule", "all_gather_schedule", "shard_sizes",
@@ -110,7 +110,8 @@ def bytes_per_parameter(k: int, stage: int, precision: Precision = FP32_ADAM) ->
 def step_traffic(n: int, k: int, stage: int, itemsize: int = 4,
                  regather: bool = True) -> dict[str, list[int]]:
     """Bytes each device sends in one training step, per collective, with the ring schedules:
-    stage 0 all-reduces the gradients; stages 1 and 2 reduce-scatter them and all-gather the
+    stage 0 all-reduces the gradients (reduce-scatter then all-gather: in total the bytes of
+    ``ring_schedule``; per device within two elements of it, as the chunks go to their owners); stages 1 and 2 reduce-scatter them and all-gather the
     updated parameters; stage 3 all-gathers the parameters before the forward pass, again
     before the backward pass (``regather``; False: they are kept from the forward pass) and
     reduce-scatters the gradients.  ``{collective: [bytes per device], ..., 'total': [...]}``."""
@@ -118,8 +119,8 @@ def step_traffic(n: int, k: int, stage: int, itemsize: int = 4,
         raise ValueError(f"stage must be one of {STAGES}, got {stage}")
     rs = traffic(reduce_scatter_schedule(k), n, k, itemsize)["sent"]
     ag = traffic(all_gather_schedule(k), n, k, itemsize)["sent"]
-    if stage == 0:
-        out = {"all-reduce": traffic(ring_schedule(k), n, k, itemsize)["sent"]}
+    if stage == 0:   # the all-reduce as its two halves (the ring's totals, chunks by owner)
+        out = {"all-reduce": [a + b for a, b in zip(rs, ag)]}
     elif stage in (1, 2):
         out = {"reduce-scatter": rs, "all-gather": ag}
     else:
