@@ -1,6 +1,7 @@
 """JupyterLab as ``make lab`` starts it (tools/lab.py): it listens on loopback only, refuses a
 request without its token, and in headless Chromium a chapter notebook opens with the book's
 kernel and its first cells execute through the server."""
+import contextlib
 import json
 import os
 import secrets
@@ -121,48 +122,47 @@ def test_the_books_kernel_is_registered(server):
     assert specs["kernelspecs"][lab.KERNEL]["spec"]["display_name"] == lab.KERNEL_DISPLAY_NAME
 
 
-def test_a_chapter_notebook_runs_in_the_browser(server):
+@contextlib.contextmanager
+def lab_page(server, notebook):
+    """A headless Chromium page with ``notebook`` open in the server's JupyterLab."""
     from playwright.sync_api import sync_playwright
     base, token, _ = server
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 900})
-            page.goto(f"{base}/lab/tree/{NOTEBOOK}?token={token}")
-            page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
-            # the kernel the notebook runs on, as the status bar shows it
-            page.wait_for_selector(f"text={lab.KERNEL_DISPLAY_NAME}", timeout=120_000)
-            page.locator(".jp-Notebook .jp-Cell").first.click()
-            page.keyboard.press("Escape")                 # command mode, first cell selected
-            for _ in range(7):                            # 2 markdown cells, then code/markdown
-                page.keyboard.press("Shift+Enter")
-            page.wait_for_selector(f".jp-OutputArea-output >> text={EXPECTED}",
-                                   timeout=180_000)
-            outputs = page.locator(".jp-OutputArea-output").all_inner_texts()
-            assert any("smoke" in o for o in outputs), outputs     # the setup cell ran
-            assert not page.locator(".jp-OutputArea-output[data-mime-type="
-                                    "'application/vnd.jupyter.stderr'] >> text=Error").count()
+            page.goto(f"{base}/lab/tree/{notebook}?token={token}")
+            yield page
         finally:
             browser.close()
+
+
+def test_a_chapter_notebook_runs_in_the_browser(server):
+    with lab_page(server, NOTEBOOK) as page:
+        page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
+        # the kernel the notebook runs on, as the status bar shows it
+        page.wait_for_selector(f"text={lab.KERNEL_DISPLAY_NAME}", timeout=120_000)
+        page.locator(".jp-Notebook .jp-Cell").first.click()
+        page.keyboard.press("Escape")                 # command mode, first cell selected
+        for _ in range(7):                            # 2 markdown cells, then code/markdown
+            page.keyboard.press("Shift+Enter")
+        page.wait_for_selector(f".jp-OutputArea-output >> text={EXPECTED}",
+                               timeout=180_000)
+        outputs = page.locator(".jp-OutputArea-output").all_inner_texts()
+        assert any("smoke" in o for o in outputs), outputs     # the setup cell ran
+        assert not page.locator(".jp-OutputArea-output[data-mime-type="
+                                "'application/vnd.jupyter.stderr'] >> text=Error").count()
 
 
 def test_the_books_folded_blocks_render_in_jupyterlab(server):
     """The notebooks' deep dives are MyST ``:::{dropdown}`` blocks; JupyterLab renders them
     (jupyterlab-myst) as folded blocks, not as raw fences."""
-    from playwright.sync_api import sync_playwright
-    base, token, _ = server
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 900})
-            page.goto(f"{base}/lab/tree/chapters/scratch/pytorch.ipynb?token={token}")
-            page.wait_for_selector(".jp-Notebook .jp-MarkdownCell details summary",
-                                   timeout=120_000)
-            cell = page.locator(".jp-Notebook .jp-MarkdownCell",
-                                has=page.locator("details summary")).first
-            rendered = cell.inner_text()
-            assert ":::" not in rendered, rendered[:500]           # no raw MyST fence
-            assert cell.locator("details summary").first.inner_text().strip()   # a title
-            assert cell.locator("details").first.get_attribute("open") is None   # folded
-        finally:
-            browser.close()
+    with lab_page(server, "chapters/scratch/pytorch.ipynb") as page:
+        page.wait_for_selector(".jp-Notebook .jp-MarkdownCell details summary",
+                               timeout=120_000)
+        cell = page.locator(".jp-Notebook .jp-MarkdownCell",
+                            has=page.locator("details summary")).first
+        rendered = cell.inner_text()
+        assert ":::" not in rendered, rendered[:500]           # no raw MyST fence
+        assert cell.locator("details summary").first.inner_text().strip()   # a title
+        assert cell.locator("details").first.get_attribute("open") is None   # folded
