@@ -29,7 +29,7 @@ from .collectives import Transfer, chunk_slices, traffic
 __all__ = ["STAGES", "STAGE_NAMES", "SHARDED_PARTS", "PARTS", "Precision", "FP32_ADAM",
            "MIXED_ADAM", "reduce_scatter_schedule", "all_gather_schedule", "shard_sizes",
            "state_bytes", "bytes_per_parameter", "step_traffic", "memory_rows", "memory_table",
-           "memory_ok", "peak_rss_bytes", "max_abs_diff", "ALLCLOSE_ATOL"]
+           "memory_ok", "row_shard_elements", "peak_rss_bytes", "max_abs_diff", "ALLCLOSE_ATOL"]
 
 STAGES = (0, 1, 2, 3)
 STAGE_NAMES = {0: "replicated", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}
@@ -169,6 +169,13 @@ def memory_ok(rows: list[dict], precision: Precision = FP32_ADAM,
                 if abs(m[part] - r[f"{part}_over_k"]) > bound:
                     return False
     return True
+
+
+def row_shard_elements(shapes, k: int) -> int:
+    """The most elements any one of k ranks holds when every tensor is cut along its first
+    axis into chunks of ceil(d0/k) rows (FSDP2's ``Shard(0)``, ``torch.chunk``): the last
+    ranks may hold fewer rows, or none."""
+    return sum(math.ceil(s[0] / k) * math.prod(s[1:]) for s in shapes)
 
 
 def memory_table(rows: list[dict], unit: int = 1024) -> str:

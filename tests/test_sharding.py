@@ -111,3 +111,14 @@ def test_lenet_init_is_the_scratch_draw():
     rng = np.random.default_rng(0)
     assert np.array_equal(arrays[0], rng.normal(0, 0.01, (20, 1, 3, 3)).astype(np.float32))
     assert not arrays[1].any()
+
+
+def test_row_shard_elements_bounds_dim0_sharding():
+    import torch
+    shapes = d2lmini.LENET_SHAPES
+    for k in range(1, 9):
+        held = [sum(c.numel() for t in (torch.zeros(s) for s in shapes)
+                    for c in torch.chunk(t, k)[r:r + 1]) for r in range(k)]
+        assert max(held) == sh.row_shard_elements(shapes, k)
+        assert sum(held) == N
+    assert sh.row_shard_elements(shapes, 1) == N

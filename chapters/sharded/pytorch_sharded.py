@@ -1,0 +1,188 @@
+"""PyTorch's own sharded data parallelism, one process per device, against plain DDP.
+
+    python -m torch.distributed.run --standalone --nproc_per_node K pytorch_sharded.py \
+        --out DIR [--steps S --device-batch B --lr LR --accum A]
+
+Every rank trains the from-scratch chapter's LeNet (as an ``nn.Module`` with the same shared
+weights, ``d2lmini.lenet_init``) with Adam for S steps on the same fixed batches, four ways:
+
+- ``ddp``: ``DistributedDataParallel``, everything replicated (the reference);
+- ``zero1``: DDP with ``ZeroRedundancyOptimizer`` (the optimizer state sharded, ZeRO-1);
+- ``fsdp_keep``: FSDP2 ``fully_shard(reshard_after_forward=False)``: parameters gathered once
+  per step and kept from forward to backward;
+- ``fsdp``: FSDP2 ``fully_shard(reshard_after_forward=True)``: gathered before forward and
+  again before backward (ZeRO-3).
+
+Each run reports the largest difference from ``ddp`` of the parameters and of Adam's m and v
+(whole tensors, gathered), and the bytes this rank holds of parameters, gradients and
+optimizer state (its local shards).  Then DDP's ``no_sync`` accumulation of A micro-batches is
+compared with one step on the whole batch.  Each rank writes ``DIR/rank<r>.json`` with its
+peak resident memory.  CPU and gloo unless there is a GPU for every rank (then NCCL).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import d2lmini
+from d2lmini import sharding as sh
+
+
+class LeNet(nn.Module):
+    """The from-scratch chapter's LeNet with its parameters W1, b1, ..., W4, b4."""
+
+    def __init__(self):
+        super().__init__()
+        names = ["W1", "b1", "W2", "b2", "W3", "b3", "W4", "b4"]
+        for name, a in zip(names, d2lmini.lenet_init(0)):
+            setattr(self, name, nn.Parameter(torch.from_numpy(a)))
+
+    def forward(self, X):
+        h = F.avg_pool2d(F.relu(F.conv2d(X, self.W1, self.b1)), kernel_size=2, stride=2)
+        h = F.avg_pool2d(F.relu(F.conv2d(h, self.W2, self.b2)), kernel_size=2, stride=2)
+        h = F.relu(h.flatten(start_dim=1) @ self.W3 + self.b3)
+        return h @ self.W4 + self.b4
+
+
+def local(t):
+    """This rank's part of a tensor: the local shard of a DTensor, else the tensor."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def full(t):
+    """The whole tensor, gathered from all ranks if it is sharded."""
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def nbytes(t) -> int:
+    t = local(t)
+    return t.numel() * t.element_size()
+
+
+def held_bytes(model, optimizer) -> dict:
+    """Bytes of parameters, gradients and Adam state (m, v) this rank holds."""
+    params = list(model.parameters())
+    opt = optimizer.optim if isinstance(optimizer, ZeroRedundancyOptimizer) else optimizer
+    state = [s for s in opt.state.values()]
+    return {"params": sum(nbytes(p) for p in params),
+            "grads": sum(nbytes(p.grad) for p in params if p.grad is not None),
+            "optimizer": sum(nbytes(s[key]) for s in state for key in ("exp_avg", "exp_avg_sq"))}
+
+
+def step(model, optimizer, X, y, n_global, world):
+    # each rank: the summed loss of its shard, scaled so that the ranks' average is the mean
+    loss = F.cross_entropy(model(X), y, reduction="sum") * world / n_global
+    loss.backward()
+    optimizer.step()
+
+
+def train(kind, batches, args, device, world, rank):
+    model = LeNet().to(device)
+    if kind in ("ddp", "zero1"):
+        model = DDP(model)
+    else:
+        fully_shard(model, mesh=init_device_mesh(device.type, (world,)),
+                    reshard_after_forward=(kind == "fsdp"))
+    if kind == "zero1":
+        optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam,
+                                            lr=args.lr)
+    else:
+        optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+    for X, y in batches:
+        optimizer.zero_grad(set_to_none=False)
+        part = d2lmini.shard_slices(len(y), world)[rank]
+        step(model, optimizer, X[part].to(device), y[part].to(device), len(y), world)
+    held = held_bytes(model, optimizer)
+    module = model.module if kind in ("ddp", "zero1") else model
+    names = [name for name, _ in module.named_parameters()]
+    params = {n: full(p).detach().cpu() for n, p in module.named_parameters()}
+    opt = optimizer.optim if kind == "zero1" else optimizer
+    by_param = dict(zip(names, module.parameters()))
+    adam = {}
+    for n, p in by_param.items():
+        if p in opt.state:                       # ZeRO-1: only the parameters this rank owns
+            adam[n] = {key: full(opt.state[p][key]).detach().cpu()
+                       for key in ("exp_avg", "exp_avg_sq")}
+    return params, adam, held
+
+
+def accumulation(batches, args, device, world, rank) -> float:
+    """DDP: A micro-batches with no_sync for all but the last, one Adam step; against one step
+    on the whole batch.  The largest difference of the parameters afterwards."""
+    X, y = batches[0]
+    part = d2lmini.shard_slices(len(y), world)[rank]
+    X, y = X[part].to(device), y[part].to(device)
+    results = []
+    for micro in (1, args.accum):
+        model = DDP(LeNet().to(device))
+        optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+        pieces = d2lmini.shard_slices(len(y), micro)
+        for i, piece in enumerate(pieces):
+            last = i == len(pieces) - 1
+            with (model.no_sync() if not last else torch.enable_grad()):
+                loss = F.cross_entropy(model(X[piece]), y[piece], reduction="sum")
+                (loss * world / len(batches[0][1])).backward()
+        optimizer.step()
+        results.append([p.detach().cpu() for p in model.module.parameters()])
+    return sh.max_abs_diff([a.numpy() for a in results[0]], [b.numpy() for b in results[1]])
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--device-batch", type=int, default=8)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--accum", type=int, default=4)
+    args = parser.parse_args(argv)
+    world = int(os.environ["WORLD_SIZE"])
+    rank = int(os.environ["RANK"])
+    gpus = torch.cuda.device_count()
+    if gpus >= world:
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+        torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                            timeout=datetime.timedelta(seconds=120))
+    data = d2lmini.load_fashion_mnist(args.steps * args.device_batch * world, 100)
+    n = args.device_batch * world
+    batches = [(torch.from_numpy(data.X_train[s * n:(s + 1) * n]),
+                torch.from_numpy(data.y_train[s * n:(s + 1) * n]).long())
+               for s in range(args.steps)]
+    runs = {kind: train(kind, batches, args, device, world, rank)
+            for kind in ("ddp", "zero1", "fsdp_keep", "fsdp")}
+    ref_params, ref_adam, _ = runs["ddp"]
+    result = {"rank": rank, "world": world, "device": str(device),
+              "n_params": sum(p.numel() for p in ref_params.values()), "runs": {}}
+    for kind, (params, adam, held) in runs.items():
+        diff = sh.max_abs_diff([params[n].numpy() for n in ref_params],
+                               [ref_params[n].numpy() for n in ref_params])
+        adam_diff = sh.max_abs_diff(
+            [adam[n][key].numpy() for n in adam for key in ("exp_avg", "exp_avg_sq")],
+            [ref_adam[n][key].numpy() for n in adam for key in ("exp_avg", "exp_avg_sq")])
+        result["runs"][kind] = {"params_diff": diff, "adam_diff": adam_diff,
+                                "adam_tensors": len(adam), "held": held}
+    result["accumulation_diff"] = accumulation(batches, args, device, world, rank)
+    result["peak_rss"] = sh.peak_rss_bytes()
+    Path(args.out, f"rank{rank}.json").write_text(json.dumps(result))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
