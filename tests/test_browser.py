@@ -146,7 +146,7 @@ def open_at(browser, url, width, height=900):
 
 
 SBS_PAGES = ["chapters/comparison/index.html", "chapters/scratch/index.html",
-             "chapters/comm/index.html"]
+             "chapters/comm/index.html", "chapters/sharded/index.html"]
 
 SHOWN = """boxes => boxes.map(box => [...box.querySelectorAll('.sbs-row')].map(row =>
     [...row.querySelectorAll('.sbs-cell')].filter(c => c.offsetParent !== null)
@@ -210,7 +210,7 @@ def test_concept_map_fits_the_page(site, browser, width):
 
 @pytest.mark.parametrize("path", ["chapters/comparison/index.html", "chapters/scratch/index.html",
                                   "chapters/devices/index.html", "chapters/concise/index.html",
-                                  "chapters/comm/index.html"])
+                                  "chapters/comm/index.html", "chapters/sharded/index.html"])
 def test_code_never_runs_past_its_box(site, browser, path):
     """A long line either wraps or scrolls inside its box; it is never drawn outside it."""
     html, base = site
