@@ -9,11 +9,13 @@ twice -- the host CPU is split into ``D2LMINI_NUM_DEVICES`` real XLA host device
 Importing this module sets that count, which only works before JAX initialises its
 backends -- import ``d2lmini.jax`` before running any JAX operation.  It also stops JAX from
 preallocating 75 % of every GPU (``XLA_PYTHON_CLIENT_PREALLOCATE=false``), so that several
-notebooks and their launched processes can share a GPU, and asks for full float32 matrix
-products and deterministic GPU kernels (see :func:`d2lmini.config.exact_numerics`).
+notebooks and their launched processes can share a GPU.  Proofs run inside
+:func:`exact_numerics` (full float32 matrix products on GPUs); everything else keeps JAX's
+defaults (see :func:`d2lmini.config.exact_everywhere`).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
@@ -22,7 +24,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from .config import device_plan, exact_numerics, num_simulated_devices  # noqa: E402
+from .config import device_plan, exact_everywhere, num_simulated_devices  # noqa: E402
 from .hardware import nvidia_gpus  # noqa: E402
 from .utils import check_device_count, evaluate_accuracy_with, shard_slices  # noqa: E402
 
@@ -36,13 +38,25 @@ try:
     jax.config.update("jax_num_cpu_devices", _WANTED)
 except RuntimeError:  # backends already initialised: checked in try_all_gpus()
     pass
-if exact_numerics():
-    # GPUs: full float32 matrix products (the default is TF32-like) and deterministic
-    # reductions, so proofs hold to float32 precision.  No effect on the CPU.
+if exact_everywhere():
+    # D2LMINI_EXACT=1: full float32 matrix products and deterministic GPU reductions for the
+    # whole process (XLA reads its flags once, when the backend starts).
     jax.config.update("jax_default_matmul_precision", "highest")
     if nvidia_gpus() and "xla_gpu_deterministic_ops" not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                                    + " --xla_gpu_deterministic_ops=true").strip()
+
+
+@contextlib.contextmanager
+def exact_numerics():
+    """Within the block, full float32 matrix products and convolutions on GPUs (JAX's default
+    there is TF32-like, ``precision=DEFAULT``), so that proofs hold to float32 (or float64)
+    precision; the setting is part of jit's cache key, so a function traced outside the block
+    is traced again inside it.  Training and timing run outside, with JAX's defaults
+    (``D2LMINI_EXACT=1`` makes the whole process exact, deterministic reductions included).
+    No effect on the CPU."""
+    with jax.default_matmul_precision("highest"):
+        yield
 
 
 def num_gpus() -> int:

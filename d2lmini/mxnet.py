@@ -11,16 +11,20 @@ is available".  There the backend uses CPU contexts and says so (see :func:`plan
 """
 from __future__ import annotations
 
+import contextlib
 import os
 
 from . import _mxnet_compat
-from .config import exact_numerics
+from .config import exact_everywhere, host_has_gpu
 
-if exact_numerics():
-    # No cuDNN autotuning: it picks kernels by timing (results may differ run to run) and
-    # prints "Running performance tests to find the best convolution algorithm" to stderr.
+if exact_everywhere() or host_has_gpu():
+    # MXNet reads these once per process, so its numerics cannot be scoped to a block: on a GPU
+    # host it always runs exact (no cuDNN autotuning, which picks kernels by timing and prints
+    # "Running performance tests ..." to stderr; deterministic kernels; no TF32 through
+    # NVIDIA_TF32_OVERRIDE, read by cuDNN/cuBLAS when they start).  See exact_numerics().
     os.environ.setdefault("MXNET_CUDNN_AUTOTUNE_DEFAULT", "0")
     os.environ.setdefault("MXNET_ENFORCE_DETERMINISM", "1")
+    os.environ.setdefault("NVIDIA_TF32_OVERRIDE", "0")
 _mxnet_compat.install()
 
 import mxnet as mx  # noqa: E402
@@ -33,6 +37,16 @@ from .hardware import mxnet_unsupported_gpu  # noqa: E402
 from .utils import check_device_count, evaluate_accuracy_with, shard_slices  # noqa: E402
 
 FRAMEWORK = "mxnet"
+
+
+@contextlib.contextmanager
+def exact_numerics():
+    """The block every backend wraps its proofs in.  MXNet reads its numerics settings once
+    per process (environment variables, before its first GPU operation), so on a GPU host this
+    backend makes the whole process exact when it is imported (no TF32, no autotuning,
+    deterministic kernels) and this block changes nothing; on the CPU there is nothing to
+    change."""
+    yield
 SIMULATED_NOTE = ("MXNet CPU contexts cpu(0), cpu(1), ... are distinct devices: arrays on "
                   "them are separate buffers and must be copied explicitly.")
 

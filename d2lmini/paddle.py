@@ -14,6 +14,7 @@ print timestamped INFO lines); this module puts the previous level back.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import warnings
 
@@ -32,15 +33,45 @@ logging.getLogger().setLevel(_root_level)
 import numpy as np  # noqa: E402
 from paddle import nn  # noqa: E402
 
-from .config import device_plan, exact_numerics  # noqa: E402
+from .config import device_plan, exact_everywhere  # noqa: E402
 from .utils import check_device_count, evaluate_accuracy_with, shard_slices  # noqa: E402
 
 FRAMEWORK = "paddle"
 
-if exact_numerics() and paddle.device.is_compiled_with_cuda():
-    # Deterministic cuDNN kernels (TF32 is off through NVIDIA_TF32_OVERRIDE=0, set by
-    # d2lmini.config before Paddle started); D2LMINI_TF32=1 keeps Paddle's defaults.
-    paddle.set_flags({"FLAGS_cudnn_deterministic": True})
+# Paddle's GPU flags that make results depend on more than the maths (its GPU build only;
+# the CPU build has none of them).  TF32 itself is read by cuDNN/cuBLAS once per process:
+# NVIDIA_TF32_OVERRIDE=0 (D2LMINI_EXACT=1) is the only switch, so on Ampere and newer a
+# Paddle proof inside exact_numerics() still computes its convolutions in TF32 unless the
+# process runs exact (its tolerance is stated for that).
+_EXACT = {"FLAGS_cudnn_deterministic": True, "FLAGS_embedding_deterministic": 1}
+
+
+def _gpu_flags(values: dict) -> dict:
+    """Set those of ``values`` this build has; return their previous values."""
+    old = {}
+    for name, value in values.items():
+        try:
+            old[name] = paddle.get_flags([name])[name]
+        except ValueError:       # not a flag of this build (the CPU build has none of them)
+            continue
+        paddle.set_flags({name: value})
+    return old
+
+
+@contextlib.contextmanager
+def exact_numerics():
+    """Within the block, deterministic cuDNN kernels on GPUs (Paddle's defaults come back
+    afterwards; ``D2LMINI_EXACT=1`` makes the whole process exact, TF32 off included).  No
+    effect on the CPU."""
+    old = _gpu_flags(_EXACT)
+    try:
+        yield
+    finally:
+        _gpu_flags(old)
+
+
+if exact_everywhere():
+    _gpu_flags(_EXACT)
 SIMULATED_NOTE = ("Paddle has one CPU place (CPUPlace takes no index): the simulated devices "
                   "are stand-ins, CPUPlace() repeated; each holds its own tensors.")
 

@@ -10,23 +10,49 @@ separate tensors in the same memory.  Real multi-process data parallelism on the
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import torch
 from torch import nn
 
-from .config import device_plan, exact_numerics
+from .config import device_plan, exact_everywhere
 from .utils import check_device_count, evaluate_accuracy_with, shard_slices
 
 FRAMEWORK = "torch"
 
-if exact_numerics():
-    # Full float32 on GPUs (TF32 is PyTorch's default for cuDNN convolutions on Ampere and
-    # newer) and deterministic kernel choice, so that the book's proofs hold to float32
-    # precision and repeated runs are bit-identical.  D2LMINI_TF32=1 turns this off.
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cudnn.deterministic = True
-    torch.backends.cudnn.benchmark = False
+# PyTorch's flags that make GPU results depend on more than the maths: TF32 (its default for
+# cuDNN convolutions on Ampere and newer; matrix products default to full float32) and
+# autotuned, non-deterministic cuDNN kernels.  The values exact_numerics() sets.
+_EXACT = {(torch.backends.cuda.matmul, "allow_tf32"): False,
+          (torch.backends.cudnn, "allow_tf32"): False,
+          (torch.backends.cudnn, "deterministic"): True,
+          (torch.backends.cudnn, "benchmark"): False}
+
+
+def _set_flags(values: dict) -> dict:
+    old = {key: getattr(*key) for key in values}
+    for (obj, name), value in values.items():
+        setattr(obj, name, value)
+    return old
+
+
+@contextlib.contextmanager
+def exact_numerics():
+    """Within the block, full float32 on GPUs (no TF32) and deterministic cuDNN kernels, so
+    that proofs hold to float32 (or float64) precision and repeated runs are bit-identical;
+    PyTorch's own settings come back afterwards.  Training and timing run outside such blocks,
+    with PyTorch's defaults (``D2LMINI_EXACT=1`` makes the whole process exact).  No effect on
+    the CPU."""
+    old = _set_flags(_EXACT)
+    try:
+        yield
+    finally:
+        _set_flags(old)
+
+
+if exact_everywhere():
+    _set_flags(_EXACT)
 SIMULATED_NOTE = ("PyTorch has one CPU device: the simulated devices are stand-ins, "
                   "torch.device('cpu') repeated; each holds its own tensors.")
 

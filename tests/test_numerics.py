@@ -1,0 +1,85 @@
+"""Exact numerics are scoped: each backend's ``exact_numerics()`` block switches TF32 and
+autotuned kernels off for the block only and restores the framework's own settings after it
+(also when the block raises); ``D2LMINI_EXACT=1`` makes the whole process exact.
+
+The flags are read in a fresh interpreter per framework, so the import-time arrangements are
+the real ones.  On the CPU the flags exist and are honoured by the GPU code paths only; the
+test checks the settings, not GPU arithmetic.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+PROBES = {
+    "torch": """
+import torch
+from d2lmini import torch as d2l
+def flags():
+    return [torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+            torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark]
+out = {"before": flags()}
+with d2l.exact_numerics():
+    out["inside"] = flags()
+out["after"] = flags()
+try:
+    with d2l.exact_numerics():
+        raise KeyError
+except KeyError:
+    out["after_error"] = flags()
+""",
+    "jax": """
+import jax
+from d2lmini import jax as d2l
+def flags():
+    return [str(jax.config.jax_default_matmul_precision)]
+out = {"before": flags()}
+with d2l.exact_numerics():
+    out["inside"] = flags()
+    f = jax.jit(lambda a, b: a @ b)
+    text = f.lower(jax.numpy.ones((2, 2)), jax.numpy.ones((2, 2))).as_text()
+    out["hlo_highest"] = "HIGHEST" in text.upper()
+out["after"] = flags()
+try:
+    with d2l.exact_numerics():
+        raise KeyError
+except KeyError:
+    out["after_error"] = flags()
+""",
+}
+EXACT = {"torch": [False, False, True, False], "jax": ["highest"]}
+
+
+def run_probe(fw, exact_env):
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", D2LMINI_NUM_DEVICES="1")
+    env.pop("NVIDIA_TF32_OVERRIDE", None)
+    env.pop("D2LMINI_EXACT", None)
+    if exact_env:
+        env["D2LMINI_EXACT"] = "1"
+    code = PROBES[fw] + "\nimport os\nout['override'] = os.environ.get('NVIDIA_TF32_OVERRIDE')" \
+        "\nprint('PROBE-JSON ' + __import__('json').dumps(out))"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    line = [l for l in r.stdout.splitlines() if l.startswith("PROBE-JSON ")][-1]
+    return json.loads(line[len("PROBE-JSON "):])
+
+
+@pytest.mark.parametrize("fw", sorted(PROBES))
+def test_exact_block_sets_and_restores(fw):
+    out = run_probe(fw, exact_env=False)
+    assert out["inside"] == EXACT[fw]
+    assert out["before"] != EXACT[fw]            # the framework's defaults outside the block
+    assert out["after"] == out["before"] == out["after_error"]
+    assert out["override"] is None               # TF32 not switched off process-wide
+    if fw == "jax":
+        assert out["hlo_highest"]                # traced inside: the product asks for HIGHEST
+
+
+@pytest.mark.parametrize("fw", sorted(PROBES))
+def test_exact_everywhere(fw):
+    out = run_probe(fw, exact_env=True)
+    assert out["before"] == out["inside"] == out["after"] == EXACT[fw]
+    assert out["override"] == "0"
