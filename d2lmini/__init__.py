@@ -31,6 +31,7 @@ __all__ = ["Accumulator", "Animator", "BatchIterator", "DataError", "DevicePlan"
 from .collectives import Transfer, chunk_slices, naive_schedule, ring_schedule, traffic
 
 __all__ += ["Transfer", "chunk_slices", "naive_schedule", "ring_schedule", "traffic"]
+from . import results  # noqa: E402,F401  (records START_DIR: where this process started)
 from . import recipe  # noqa: E402  (the concise chapter's shared recipe code)
 from . import sharding  # noqa: E402  (the sharded chapter's state accounting)
 from .models import LENET_SHAPES, lenet_init  # noqa: E402

@@ -13,7 +13,14 @@ import os
 import platform
 from pathlib import Path
 
-__all__ = ["hardware_info", "versions", "record_result", "load_results"]
+__all__ = ["hardware_info", "versions", "record_result", "load_results", "START_DIR",
+           "resolve"]
+
+# The directory the process started in -- a notebook's kernel starts in the notebook's folder.
+# Relative results paths are taken from here, not from whatever the working directory is when
+# a run ends: a long notebook may outlive its working directory (seen on a GPU server whose
+# checkout was replaced while the kernel ran: open('results.json.lock') then fails).
+START_DIR = Path(os.getcwd())
 
 KEY = ("chapter", "framework", "api", "devices", "profile", "batch_size")
 
@@ -31,6 +38,21 @@ def versions(*packages: str) -> dict:
     return package_versions(*packages)
 
 
+def resolve(path) -> Path:
+    """``path`` made absolute against :data:`START_DIR`, with a clear error if that folder is
+    gone."""
+    p = Path(path)
+    if p.is_absolute():
+        return p
+    if not START_DIR.is_dir():
+        raise FileNotFoundError(
+            f"cannot write {path}: the folder this process started in, {START_DIR}, does not "
+            f"exist any more. If it is a notebook's folder, the checkout was moved or replaced "
+            f"while the kernel ran: restart the kernel from the notebook's folder and run the "
+            f"notebook again.")
+    return START_DIR / p
+
+
 def record_result(path, *, chapter: str, framework: str, api: str, devices: int,
                   profile: str, batch_size: int, **measured) -> dict:
     """Add (or replace) one record in the JSON list at ``path`` and return it.
@@ -42,7 +64,7 @@ def record_result(path, *, chapter: str, framework: str, api: str, devices: int,
            "hardware": hardware_info(), "versions": versions(),
            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
     import fcntl
-    p = Path(path)
+    p = resolve(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     with open(p.with_suffix(p.suffix + ".lock"), "w") as lock:  # notebooks may run at once
         fcntl.flock(lock, fcntl.LOCK_EX)

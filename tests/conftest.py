@@ -19,3 +19,22 @@ def built_book(tmp_path_factory):
     log = r.stdout + r.stderr
     assert r.returncode == 0, "book build failed:\n" + log[-6000:]
     return out / "_build" / "html", log
+
+
+H100_NAME = "NVIDIA H100 80GB HBM3"
+
+
+@pytest.fixture
+def host(monkeypatch):
+    """Pretend the host has the given NVIDIA GPUs (as nvidia-smi would report them)."""
+    from d2lmini import hardware
+    h100 = hardware.GpuInfo(0, H100_NAME, (9, 0), 81559, "580.65")
+
+    def set_gpus(n, profile="smoke", requested=None):
+        monkeypatch.setattr(hardware, "nvidia_gpus", lambda: [h100] * n)
+        monkeypatch.setenv("D2LMINI_PROFILE", profile)
+        if requested is None:
+            monkeypatch.delenv("D2LMINI_NUM_DEVICES", raising=False)
+        else:
+            monkeypatch.setenv("D2LMINI_NUM_DEVICES", str(requested))
+    return set_gpus

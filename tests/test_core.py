@@ -54,22 +54,6 @@ def test_num_simulated_devices(monkeypatch, raw, ok):
 # --- which devices a lesson uses ----------------------------------------------------------
 from d2lmini import config, hardware  # noqa: E402
 
-H100 = hardware.GpuInfo(0, "NVIDIA H100 80GB HBM3", (9, 0), 81559, "580.65")
-
-
-@pytest.fixture
-def host(monkeypatch):
-    """Pretend the host has the given NVIDIA GPUs (as nvidia-smi would report them)."""
-    def set_gpus(n, profile="smoke", requested=None):
-        monkeypatch.setattr(hardware, "nvidia_gpus", lambda: [H100] * n)
-        monkeypatch.setenv("D2LMINI_PROFILE", profile)
-        if requested is None:
-            monkeypatch.delenv("D2LMINI_NUM_DEVICES", raising=False)
-        else:
-            monkeypatch.setenv("D2LMINI_NUM_DEVICES", str(requested))
-    return set_gpus
-
-
 def test_plan_without_gpus_simulates_the_requested_count(host):
     host(0)
     p = d2lmini.plan_devices("torch", 0)
