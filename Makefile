@@ -140,12 +140,20 @@ doctor:
 
 # --- A GPU server without network: run what can run, write a report --------------------------
 # Any interpreter that holds the frameworks' GPU builds (and d2lmini, or nothing: the tool puts
-# the checkout on PYTHONPATH): `make gpu-run PY=python3`.  Runs the notebooks of every framework
-# it can import (nbval where pytest+nbval+ipykernel are there, else the code cells) and the
-# benchmark -> benchmarks/gpu-report.{json,md} and benchmarks/results-gpu.json.  More options:
-# GPU_RUN_ARGS="--frameworks torch --chapters devices --skip-benchmark --out-dir DIR".
+# the checkout on PYTHONPATH): `make gpu-run PY=python3`.  Three runs of the notebooks of every
+# framework it can import (nbval where pytest+nbval+ipykernel are there, else the code cells),
+# each from a private copy of the checkout: smoke profile with 1 device, smoke with 8 (stand-ins
+# where there are fewer GPUs), and the gpu profile on every GPU followed by the benchmark.
+# Reports: $(GPU_RUN_OUT)/{smoke-k1,smoke-k8,gpu-profile}/gpu-report.{json,md} (+ results-gpu.json).
+# More options for all three: GPU_RUN_ARGS="--frameworks torch,jax --chapters devices".
 .PHONY: gpu-run
 GPU_RUN_ARGS ?=
+GPU_RUN_OUT ?= benchmarks/gpu-run
 gpu-run:
-	@py="$(PY)"; command -v "$$py" >/dev/null || py="$(PYTHON)"; \
-	  $$py tools/gpu_run.py $(GPU_RUN_ARGS)
+	@py="$(PY)"; command -v "$$py" >/dev/null || py="$(PYTHON)"; rc=0; \
+	  $$py tools/gpu_run.py --profile smoke --devices 1 --skip-benchmark \
+	    --out-dir $(GPU_RUN_OUT)/smoke-k1 $(GPU_RUN_ARGS) || rc=1; \
+	  $$py tools/gpu_run.py --profile smoke --devices 8 --skip-benchmark \
+	    --out-dir $(GPU_RUN_OUT)/smoke-k8 $(GPU_RUN_ARGS) || rc=1; \
+	  $$py tools/gpu_run.py --profile gpu --out-dir $(GPU_RUN_OUT)/gpu-profile \
+	    $(GPU_RUN_ARGS) || rc=1; exit $$rc

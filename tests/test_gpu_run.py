@@ -100,3 +100,21 @@ def test_failing_notebook_is_reported_and_the_rest_run(tmp_path, mode):
         assert bad["cells"] == {"total": 3, "ran": 1, "skipped": 0}
     md = (out / "gpu-report.md").read_text()
     assert "deliberate failure" in md and "overall: **failed**" in md
+
+
+def test_notebooks_run_from_a_private_copy(tmp_path):
+    # a notebook of the checkout runs in a copy: its working directory is not the checkout's
+    # folder, so a checkout replaced during a long run cannot pull the folder from under it
+    probe = ROOT / "chapters" / "devices" / "_gpu_run_probe.ipynb"
+    seen = tmp_path / "cwd.txt"
+    code_notebook(probe, f"import os; open({str(seen)!r}, 'w').write(os.getcwd())")
+    try:
+        r = gpu_run("--allow-cpu", "--frameworks", "torch", "--skip-benchmark", "--mode", "exec",
+                    "--out-dir", tmp_path / "out", "--notebooks", probe)
+    finally:
+        probe.unlink()
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    cwd = Path(seen.read_text())
+    assert cwd.name == "devices" and cwd != probe.parent and not cwd.exists()  # copy, removed
+    assert report(tmp_path / "out")["notebooks"][0]["notebook"] == \
+        "chapters/devices/_gpu_run_probe.ipynb"

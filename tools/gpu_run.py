@@ -71,6 +71,12 @@ from pathlib import Path
 from gpu_env import hw   # d2lmini/hardware.py, loaded once as a file: standard library only
 
 ROOT = Path(__file__).resolve().parents[1]
+# Where the notebooks and the benchmark run from: a private copy of the checkout (see
+# snapshot()), or ROOT itself with --in-place.
+RUN_ROOT = ROOT
+# Not copied into the snapshot: environments, builds, carried wheels and data, caches.
+SNAPSHOT_IGNORE = (".git", ".venv", ".venv-*", "_build", ".gpu-carry", ".whl", "__pycache__",
+                   ".ipynb_checkpoints", ".pytest_cache")
 FRAMEWORKS = ("mxnet", "torch", "jax", "paddle")          # the book's order
 NOTEBOOK = {"mxnet": "mxnet", "torch": "pytorch", "jax": "jax", "paddle": "paddle"}
 MODULES = {"mxnet": ("mxnet",), "torch": ("torch",), "jax": ("jax", "flax", "optax"),
@@ -180,8 +186,10 @@ def run_env(profile: str | None = None, devices: int | None = None) -> dict:
     """The environment of every process this tool starts: the repository on PYTHONPATH (d2lmini
     need not be installed), JAX not preallocating the GPUs, and the run's profile/devices."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "")
-                                                       .split(os.pathsep) if p])
+    env["PYTHONPATH"] = os.pathsep.join([str(RUN_ROOT)] + [p for p in env.get("PYTHONPATH", "")
+                                                           .split(os.pathsep) if p])
+    if env.get("D2LMINI_DATA"):            # the notebooks run elsewhere: an absolute path
+        env["D2LMINI_DATA"] = str(Path(env["D2LMINI_DATA"]).resolve())
     env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     env["PYTHONUNBUFFERED"] = "1"
     if profile:
@@ -240,6 +248,20 @@ def check_data() -> dict:
 
 
 # ---------------------------------------------------------------- running notebooks -------
+def snapshot(root: Path, parent: Path) -> Path:
+    """A private copy of the checkout ``root`` under ``parent``, for the notebooks to run in.
+
+    A run can outlive the checkout it started from: on the first GPU server run the checkout
+    was re-sent (replaced) while a long notebook ran in the background, its kernel's working
+    directory vanished, and every later cell that wrote a file or spawned a process failed
+    (``FileNotFoundError: 'results.json.lock'``; ``mp.spawn`` raising ``FileNotFoundError``).
+    A copy nobody else touches cannot be pulled away.  The report still goes to ``--out-dir``.
+    """
+    copy = parent / root.name
+    shutil.copytree(root, copy, symlinks=True, ignore=shutil.ignore_patterns(*SNAPSHOT_IGNORE))
+    return copy
+
+
 def _descendants(pid: int) -> list[int]:
     """Every process below ``pid`` (from /proc), deepest last."""
     children: dict[int, list[int]] = {}
@@ -300,9 +322,9 @@ def run_nbval(nb: Path, timeout: float, env: dict) -> dict:
     --nbval-current-env --nbval-sanitize-with tests/sanitize.cfg), one process."""
     with tempfile.TemporaryDirectory(prefix="gpu-run-") as tmp:
         xml = Path(tmp) / "junit.xml"
-        cmd = [sys.executable, "-m", "pytest", "-c", str(ROOT / "pyproject.toml"),
-               "--rootdir", str(ROOT), "-q", "-rf", f"--junitxml={xml}", str(nb)]
-        rc, log, seconds = run_with_timeout(cmd, timeout, env, ROOT)
+        cmd = [sys.executable, "-m", "pytest", "-c", str(RUN_ROOT / "pyproject.toml"),
+               "--rootdir", str(RUN_ROOT), "-q", "-rf", f"--junitxml={xml}", str(nb)]
+        rc, log, seconds = run_with_timeout(cmd, timeout, env, RUN_ROOT)
         res = {"mode": "nbval", "command": " ".join(shlex.quote(c) for c in cmd),
                "seconds": round(seconds, 1), "returncode": rc}
         cells = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0}
@@ -429,12 +451,12 @@ def bench_devices(upper: int) -> list[int]:
 
 def run_benchmark(frameworks: list[str], devices: list[int], out: Path, extra: list[str],
                   timeout: float, env: dict) -> dict:
-    cmd = [sys.executable, str(ROOT / "tools" / "benchmark.py"), "--frameworks",
+    cmd = [sys.executable, str(RUN_ROOT / "tools" / "benchmark.py"), "--frameworks",
            ",".join(frameworks), "--devices", ",".join(map(str, devices)), "--out", str(out)]
     cmd += extra                                   # argparse: the last occurrence wins
     if out.exists():
         out.unlink()                               # never report an older file as this run's
-    rc, log, seconds = run_with_timeout(cmd, timeout, env, ROOT)
+    rc, log, seconds = run_with_timeout(cmd, timeout, env, RUN_ROOT)
     res = {"command": " ".join(shlex.quote(c) for c in cmd), "seconds": round(seconds, 1),
            "returncode": rc, "results_file": str(out) if out.is_file() else None}
     if out.is_file():
@@ -609,6 +631,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out-dir", default=str(ROOT / "benchmarks"),
                     help="where gpu-report.json, gpu-report.md and results-gpu.json go "
                          "(default: benchmarks/)")
+    ap.add_argument("--in-place", action="store_true",
+                    help="run the notebooks in this checkout instead of a private copy of it "
+                         "(a copy survives the checkout being replaced during a long run)")
     ap.add_argument("--allow-cpu", action="store_true",
                     help="run without an NVIDIA GPU (to test this pipeline); the report says so")
     ap.add_argument("--notebooks", nargs="+", help=argparse.SUPPRESS)     # tests: these instead
@@ -666,6 +691,24 @@ def main(argv=None) -> int:
         return 2
     timeout = args.timeout or NOTEBOOK_TIMEOUT[args.profile]
     out_dir = Path(args.out_dir).resolve()
+    global RUN_ROOT
+    snap_parent = None
+    if not args.in_place:
+        snap_parent = Path(tempfile.mkdtemp(prefix="d2l-gpu-run-"))
+        RUN_ROOT = snapshot(ROOT, snap_parent)
+        notebooks = [RUN_ROOT / nb.relative_to(ROOT) if nb.is_relative_to(ROOT) else nb
+                     for nb in notebooks]
+    try:
+        return _run(args, gpus, gpu_source, found, frameworks, chapters, notebooks, mode,
+                    timeout, out_dir, t_start, argv)
+    finally:
+        if snap_parent is not None:
+            shutil.rmtree(snap_parent, ignore_errors=True)
+
+
+def _run(args, gpus, gpu_source, found, frameworks, chapters, notebooks, mode, timeout,
+         out_dir, t_start, argv) -> int:
+    """The run itself (machine, notebooks, benchmark, report), from RUN_ROOT."""
     print(f"gpu_run: {len(gpus)} GPU(s){' (--allow-cpu)' if not gpus else ''}; frameworks "
           f"{', '.join(frameworks) or '-'}; {len(notebooks)} notebook(s) via {mode}; profile "
           f"{args.profile}; report in {out_dir}", flush=True)
@@ -707,6 +750,8 @@ def main(argv=None) -> int:
            "allow_cpu": args.allow_cpu, "frameworks": frameworks,
            "frameworks_gpu": {fw: seen[fw] > 0 for fw in frameworks},
            "settings": {"profile": args.profile, "chapters": chapters, "mode": mode,
+                        "ran_in": "a private copy of the checkout" if RUN_ROOT != ROOT
+                        else "the checkout itself (--in-place)",
                         "num_devices": env.get("D2LMINI_NUM_DEVICES"), "timeout": timeout},
            "warnings": warnings, "machine": machine, "data": data, "notebooks": [],
            "benchmark": {"status": "skipped" if args.skip_benchmark else "pending"},
@@ -717,7 +762,7 @@ def main(argv=None) -> int:
 
     runner = run_nbval if mode == "nbval" else run_exec
     for nb in notebooks:
-        name = str(nb.relative_to(ROOT)) if nb.is_relative_to(ROOT) else str(nb)
+        name = str(nb.relative_to(RUN_ROOT)) if nb.is_relative_to(RUN_ROOT) else str(nb)
         fw = {v: k for k, v in NOTEBOOK.items()}.get(nb.stem)
         print(f"{name} ...", end=" ", flush=True)
         try:
