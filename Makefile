@@ -143,7 +143,9 @@ doctor:
 # the checkout on PYTHONPATH): `make gpu-run PY=python3`.  Three runs of the notebooks of every
 # framework it can import (nbval where pytest+nbval+ipykernel are there, else the code cells),
 # each from a private copy of the checkout: smoke profile with 1 device, smoke with 8 (stand-ins
-# where there are fewer GPUs), and the gpu profile on every GPU followed by the benchmark.
+# where there are fewer GPUs), both over every chapter, and the gpu profile on every GPU for
+# the devices, scratch and concise chapters (designed for <= 10 min on one H100 for PyTorch
+# and JAX) followed by the benchmark.
 # Reports: $(GPU_RUN_OUT)/{smoke-k1,smoke-k8,gpu-profile}/gpu-report.{json,md} (+ results-gpu.json).
 # More options for all three: GPU_RUN_ARGS="--frameworks torch,jax --chapters devices".
 .PHONY: gpu-run
@@ -155,5 +157,5 @@ gpu-run:
 	    --out-dir $(GPU_RUN_OUT)/smoke-k1 $(GPU_RUN_ARGS) || rc=1; \
 	  $$py tools/gpu_run.py --profile smoke --devices 8 --skip-benchmark \
 	    --out-dir $(GPU_RUN_OUT)/smoke-k8 $(GPU_RUN_ARGS) || rc=1; \
-	  $$py tools/gpu_run.py --profile gpu --out-dir $(GPU_RUN_OUT)/gpu-profile \
-	    $(GPU_RUN_ARGS) || rc=1; exit $$rc
+	  $$py tools/gpu_run.py --profile gpu --chapters devices,scratch,concise \
+	    --out-dir $(GPU_RUN_OUT)/gpu-profile $(GPU_RUN_ARGS) || rc=1; exit $$rc

@@ -38,12 +38,10 @@ from .utils import check_device_count, evaluate_accuracy_with, shard_slices  # n
 
 FRAMEWORK = "paddle"
 
-# Paddle's GPU flags that make results depend on more than the maths (its GPU build only;
-# the CPU build has none of them).  TF32 itself is read by cuDNN/cuBLAS once per process:
-# NVIDIA_TF32_OVERRIDE=0 (D2LMINI_EXACT=1) is the only switch, so on Ampere and newer a
-# Paddle proof inside exact_numerics() still computes its convolutions in TF32 unless the
-# process runs exact (its tolerance is stated for that).
-_EXACT = {"FLAGS_cudnn_deterministic": True, "FLAGS_embedding_deterministic": 1}
+# Paddle's GPU settings that make results depend on more than the maths (GPU builds only):
+# TF32 in cuBLAS and cuDNN (on by default for cuDNN on Ampere and newer; switched per process
+# by paddle.base.core's cublas/cudnn "switch") and non-deterministic cuDNN kernels.
+_EXACT = {"FLAGS_cudnn_deterministic": True}
 
 
 def _gpu_flags(values: dict) -> dict:
@@ -58,20 +56,34 @@ def _gpu_flags(values: dict) -> dict:
     return old
 
 
+def _tf32(cublas: bool, cudnn: bool) -> tuple:
+    """Switch TF32 in cuBLAS and cuDNN; return the previous switches."""
+    core = paddle.base.core
+    old = core.get_cublas_switch(), core.get_cudnn_switch()
+    core.set_cublas_switch(cublas)
+    core.set_cudnn_switch(cudnn)
+    return old
+
+
 @contextlib.contextmanager
 def exact_numerics():
-    """Within the block, deterministic cuDNN kernels on GPUs (Paddle's defaults come back
-    afterwards; ``D2LMINI_EXACT=1`` makes the whole process exact, TF32 off included).  No
-    effect on the CPU."""
-    old = _gpu_flags(_EXACT)
+    """Within the block, no TF32 in cuBLAS/cuDNN and deterministic cuDNN kernels on GPUs;
+    Paddle's own settings come back afterwards (``D2LMINI_EXACT=1`` makes the whole process
+    exact).  No effect on the CPU."""
+    if not paddle.device.is_compiled_with_cuda():
+        yield
+        return
+    old_flags, old_tf32 = _gpu_flags(_EXACT), _tf32(False, False)
     try:
         yield
     finally:
-        _gpu_flags(old)
+        _tf32(*old_tf32)
+        _gpu_flags(old_flags)
 
 
-if exact_everywhere():
+if exact_everywhere() and paddle.device.is_compiled_with_cuda():
     _gpu_flags(_EXACT)
+    _tf32(False, False)
 SIMULATED_NOTE = ("Paddle has one CPU place (CPUPlace takes no index): the simulated devices "
                   "are stand-ins, CPUPlace() repeated; each holds its own tensors.")
 

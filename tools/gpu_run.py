@@ -20,7 +20,7 @@ Debian's package; see the README).
    in a subprocess of its own, with a timeout), and ``python -m d2lmini doctor --json`` where
    the doctor exists.
 3. **Notebooks** ``chapters/<chapter>/<framework>.ipynb`` (``--chapters``: devices, scratch,
-   concise) under ``--profile`` (default ``smoke``; ``D2LMINI_PROFILE``), with
+   concise, comm, sharded) under ``--profile`` (default ``smoke``; ``D2LMINI_PROFILE``), with
    ``D2LMINI_NUM_DEVICES=--devices`` when given (else as inherited: unset means every GPU).
    With pytest, nbval and ipykernel importable, each notebook is checked by nbval exactly as
    the test suite does (``python -m pytest NOTEBOOK`` with the project's pytest options): the
@@ -82,7 +82,7 @@ NOTEBOOK = {"mxnet": "mxnet", "torch": "pytorch", "jax": "jax", "paddle": "paddl
 MODULES = {"mxnet": ("mxnet",), "torch": ("torch",), "jax": ("jax", "flax", "optax"),
            "paddle": ("paddle",)}
 ALIASES = {"pytorch": "torch", "paddlepaddle": "paddle", "jaxlib": "jax", "flax": "jax"}
-CHAPTERS = ("devices", "scratch", "concise")
+CHAPTERS = ("devices", "scratch", "concise", "comm", "sharded")
 PROFILES = ("smoke", "cpu", "gpu")
 NOTEBOOK_TIMEOUT = {"smoke": 900, "cpu": 2400, "gpu": 5400}   # seconds, per notebook
 PROBE_TIMEOUT = 240
@@ -610,7 +610,7 @@ def main(argv=None) -> int:
     ap.add_argument("--frameworks", help="comma list of torch, jax, paddle, mxnet "
                     "(default: every one importable here)")
     ap.add_argument("--chapters", default=",".join(CHAPTERS),
-                    help="comma list of devices, scratch, concise (default: all)")
+                    help="comma list of " + ", ".join(CHAPTERS) + " (default: all)")
     ap.add_argument("--profile", default="smoke", choices=PROFILES,
                     help="D2LMINI_PROFILE for the notebooks (default: smoke)")
     ap.add_argument("--devices", type=int, metavar="K",

@@ -30,12 +30,11 @@ from d2lmini import launch  # noqa: E402
 from d2lmini import torch as d2l  # noqa: E402
 
 
+@d2l.exact_numerics()          # no TF32, deterministic kernels on GPUs: for the proof only
 def proof(args, device: torch.device) -> dict:
     """A few SGD steps from given weights on given batches, with per-rank and with
     cross-rank BatchNorm; each rank saves its final state for the notebook to compare."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    torch.backends.cudnn.allow_tf32 = False   # exact float32 arithmetic on GPUs
-    torch.backends.cuda.matmul.allow_tf32 = False
     blob = torch.load(args.proof, weights_only=True)
     X, y, n = blob["X"], blob["y"], blob["X"].shape[1]
     shard = d2lmini.shard_slices(n, world)[rank]

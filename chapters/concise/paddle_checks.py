@@ -29,6 +29,7 @@ import paddle  # noqa: E402
 from paddle import nn  # noqa: E402
 
 
+@d2l.exact_numerics()          # no TF32, deterministic kernels on GPUs: for the proof only
 def proof(args):
     """The same initial weights, a few SGD steps on fixed global batches, each rank on its
     contiguous shard: once with per-device BatchNorm, once with cross-device BatchNorm.

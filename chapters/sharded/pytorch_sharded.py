@@ -39,6 +39,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import d2lmini
 from d2lmini import sharding as sh
+from d2lmini import torch as d2l
 
 
 class LeNet(nn.Module):
@@ -154,7 +155,6 @@ def main(argv=None):
     if gpus >= world:
         device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
         torch.cuda.set_device(device)
-        torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     else:
         device = torch.device("cpu")
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
@@ -164,8 +164,9 @@ def main(argv=None):
     batches = [(torch.from_numpy(data.X_train[s * n:(s + 1) * n]),
                 torch.from_numpy(data.y_train[s * n:(s + 1) * n]).long())
                for s in range(args.steps)]
-    runs = {kind: train(kind, batches, args, device, world, rank)
-            for kind in ("ddp", "zero1", "fsdp_keep", "fsdp")}
+    with d2l.exact_numerics():   # the runs are compared to 1e-6: no TF32 on GPUs
+        runs = {kind: train(kind, batches, args, device, world, rank)
+                for kind in ("ddp", "zero1", "fsdp_keep", "fsdp")}
     ref_params, ref_adam, _ = runs["ddp"]
     result = {"rank": rank, "world": world, "device": str(device),
               "n_params": sum(p.numel() for p in ref_params.values()), "runs": {}}
@@ -177,7 +178,8 @@ def main(argv=None):
             [ref_adam[n][key].numpy() for n in adam for key in ("exp_avg", "exp_avg_sq")])
         result["runs"][kind] = {"params_diff": diff, "adam_diff": adam_diff,
                                 "adam_tensors": len(adam), "held": held}
-    result["accumulation_diff"] = accumulation(batches, args, device, world, rank)
+    with d2l.exact_numerics():
+        result["accumulation_diff"] = accumulation(batches, args, device, world, rank)
     result["peak_rss"] = sh.peak_rss_bytes()
     Path(args.out, f"rank{rank}.json").write_text(json.dumps(result))
     dist.barrier()
