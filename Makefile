@@ -15,7 +15,7 @@ TEST_PROFILE ?= smoke
 # Device counts the notebooks are tested with besides the default 2 (make test).
 TEST_DEVICE_COUNTS ?= 1 8
 
-.PHONY: book test sweep lab venv data browser notebooks benchmark clean gpu-venv gpu-check doctor
+.PHONY: book test check sweep lab venv data browser notebooks benchmark clean gpu-venv gpu-check doctor
 
 venv: $(STAMP)
 
@@ -64,6 +64,12 @@ test: data browser
 	  echo "=== notebooks with D2LMINI_NUM_DEVICES=$$k"; \
 	  D2LMINI_PROFILE=$(TEST_PROFILE) D2LMINI_NUM_DEVICES=$$k $(PY) -m pytest -q chapters || exit 1; \
 	done
+
+# The quick loop before a commit: the fast unit tests and nbval (k = 2) of the notebooks that
+# changed since main's last commit, or of those named: make check NB="chapters/x/y.ipynb ...".
+NB ?=
+check: data
+	$(PY) tools/check.py $(NB)
 
 # Every notebook with every device count from 1 to 8 (about an hour on 2 cores); the
 # per-k summary lines go to _build/sweep.txt.

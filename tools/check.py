@@ -1,0 +1,96 @@
+"""``make check``: the quick loop before a commit (about 3 minutes with one notebook changed).
+
+    python tools/check.py                      # fast unit tests + the notebooks that changed
+    python tools/check.py chapters/scratch/jax.ipynb ...   # fast unit tests + these notebooks
+    python tools/check.py --list               # say what would run, run nothing
+
+* Unit tests: every ``tests/test_*.py`` except the slow ones in :data:`SLOW` (the book build,
+  the browsers, launched multi-process and fault runs, the GPU-run pipeline), which only
+  ``make test`` runs.
+* Notebooks: those changed since main's last commit (``git diff`` against the merge base
+  with ``main``, plus uncommitted and untracked files), and every notebook of a chapter whose
+  other files (scripts, recipes, results) changed -- checked by nbval under the smoke profile
+  with ``D2LMINI_NUM_DEVICES=2``, as the first pass of ``make test`` does.
+
+``make test`` stays the contract (every test, k = 1, 2 and 8); CI runs it.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SLOW = {                       # what only `make test` runs, and why it is slow
+    "test_book.py": "builds the whole book",
+    "test_browser.py": "the built book in headless Chromium",
+    "test_lab.py": "JupyterLab in headless Chromium",
+    "test_faults_pytorch.py": "launches ranks and kills them",
+    "test_faults_paddle.py": "launches ranks and kills them",
+    "test_multinode.py": "launches simulated nodes",
+    "test_gpu_run.py": "runs notebooks through tools/gpu_run.py",
+    "test_recipes.py": "trains the eight recipe scripts",
+}
+
+
+def git(*args: str) -> list[str]:
+    r = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+    return [l for l in r.stdout.splitlines() if l.strip()] if r.returncode == 0 else []
+
+
+def changed_files() -> set[str]:
+    """Paths changed since main's last commit: committed on this branch, uncommitted,
+    untracked."""
+    base = (git("merge-base", "HEAD", "main") or git("rev-parse", "HEAD") or [None])[0]
+    files = set(git("diff", "--name-only", base)) if base else set()
+    files |= set(git("ls-files", "--others", "--exclude-standard"))
+    return files
+
+
+def changed_notebooks(files: set[str]) -> list[Path]:
+    chapters = ROOT / "chapters"
+    out = set()
+    for f in files:
+        p = ROOT / f
+        if not p.is_relative_to(chapters) or len(p.relative_to(chapters).parts) < 2:
+            continue
+        chapter = chapters / p.relative_to(chapters).parts[0]
+        if p.suffix == ".ipynb":
+            if p.is_file():
+                out.add(p)
+        elif p.suffix != ".md":                   # a script, recipe or results file
+            out.update(chapter.glob("*.ipynb"))
+    return sorted(q for q in out if ".ipynb_checkpoints" not in q.parts)
+
+
+def unit_tests() -> list[Path]:
+    return sorted(p for p in (ROOT / "tests").glob("test_*.py") if p.name not in SLOW)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("notebooks", nargs="*", help="notebooks to check (default: those changed)")
+    ap.add_argument("--list", action="store_true", help="print what would run, run nothing")
+    args = ap.parse_args(argv)
+    notebooks = ([Path(n).resolve() for n in args.notebooks] if args.notebooks
+                 else changed_notebooks(changed_files()))
+    missing = [str(n) for n in notebooks if not n.is_file()]
+    if missing:
+        print("check: no such notebook: " + ", ".join(missing), file=sys.stderr)
+        return 2
+    targets = unit_tests() + notebooks
+    print(f"check: {len(targets) - len(notebooks)} unit test files (not: "
+          f"{', '.join(sorted(SLOW))}), {len(notebooks)} notebook(s)"
+          + (": " + ", ".join(str(n.relative_to(ROOT)) for n in notebooks) if notebooks else ""),
+          flush=True)
+    if args.list:
+        return 0
+    env = dict(os.environ, D2LMINI_PROFILE="smoke", D2LMINI_NUM_DEVICES="2")
+    return subprocess.call([sys.executable, "-m", "pytest", "-q",
+                            *[str(t.relative_to(ROOT)) for t in targets]], cwd=ROOT, env=env)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
