@@ -13,6 +13,8 @@ import sys
 
 import pytest
 
+# Per framework: its imports, flags() (the settings exact_numerics() changes) and INSIDE,
+# code run inside the block as well.
 PROBES = {
     "torch": """
 import torch
@@ -20,35 +22,35 @@ from d2lmini import torch as d2l
 def flags():
     return [torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
             torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark]
-out = {"before": flags()}
-with d2l.exact_numerics():
-    out["inside"] = flags()
-out["after"] = flags()
-try:
-    with d2l.exact_numerics():
-        raise KeyError
-except KeyError:
-    out["after_error"] = flags()
+INSIDE = ""
 """,
     "jax": """
 import jax
 from d2lmini import jax as d2l
 def flags():
     return [str(jax.config.jax_default_matmul_precision)]
+INSIDE = '''
+f = jax.jit(lambda a, b: a @ b)
+text = f.lower(jax.numpy.ones((2, 2)), jax.numpy.ones((2, 2))).as_text()
+out["hlo_highest"] = "HIGHEST" in text.upper()
+'''
+""",
+}
+COMMON = """
 out = {"before": flags()}
 with d2l.exact_numerics():
     out["inside"] = flags()
-    f = jax.jit(lambda a, b: a @ b)
-    text = f.lower(jax.numpy.ones((2, 2)), jax.numpy.ones((2, 2))).as_text()
-    out["hlo_highest"] = "HIGHEST" in text.upper()
+    exec(INSIDE)
 out["after"] = flags()
 try:
     with d2l.exact_numerics():
         raise KeyError
 except KeyError:
     out["after_error"] = flags()
-""",
-}
+import os
+out["override"] = os.environ.get("NVIDIA_TF32_OVERRIDE")
+print("PROBE-JSON " + __import__("json").dumps(out))
+"""
 EXACT = {"torch": [False, False, True, False], "jax": ["highest"]}
 
 
@@ -58,10 +60,8 @@ def run_probe(fw, exact_env):
     env.pop("D2LMINI_EXACT", None)
     if exact_env:
         env["D2LMINI_EXACT"] = "1"
-    code = PROBES[fw] + "\nimport os\nout['override'] = os.environ.get('NVIDIA_TF32_OVERRIDE')" \
-        "\nprint('PROBE-JSON ' + __import__('json').dumps(out))"
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                       timeout=300)
+    r = subprocess.run([sys.executable, "-c", PROBES[fw] + COMMON], capture_output=True,
+                       text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     line = [l for l in r.stdout.splitlines() if l.startswith("PROBE-JSON ")][-1]
     return json.loads(line[len("PROBE-JSON "):])
