@@ -19,6 +19,10 @@ the buffer:
 ``fit`` estimates alpha and beta from measured (k, n, seconds) by least squares on the
 *relative* error (the times span orders of magnitude, and every point should count);
 ``crossover`` solves t_s1(n) = t_s2(n) for n; ``bus_bandwidth`` is nccl-tests' busbw.
+
+For GPUs, ``predict_step`` combines the model with published link figures (``LINKS``) and one
+GPU's step time measured on an H100 (``load_step`` reads the benchmark record,
+``resnet18_step_times`` gives TF32 on, TF32 off and the earlier FLOP-based assumption).
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ import math
 import statistics
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Iterable
 
 import numpy as np
@@ -35,7 +40,10 @@ __all__ = ["SCHEMES", "coefficients", "model_time", "Fit", "fit", "crossover",
            "device_counts", "sweep", "fit_rows", "regime_size", "Link", "LINKS", "Gpu", "GPUS",
            "LENET_SHAPES", "gradient_bytes", "lenet_flops", "resnet18_flops", "compute_time",
            "predict_step", "best_speedup", "hidden_fraction", "record", "report", "plot_fits",
-           "ASSUMED_UTILIZATION", "table"]
+           "ASSUMED_UTILIZATION", "table", "NODE_GPUS", "MIN_PER_GPU_BATCH", "device_limit",
+           "BENCHMARKS", "H100_RUN", "H100_RESNET18", "H100_MODEL", "BenchmarkRecordError",
+           "MeasuredStep", "load_step", "StepTime", "resnet18_step_times", "step_table",
+           "speedup_rows", "speedup_table", "plot_speedups"]
 
 SCHEMES = ("ring", "naive", "tree")
 
@@ -232,6 +240,7 @@ class Link:
     source: str
     latency: float
     latency_source: str
+    domain: int | None = None       # the most GPUs one such link joins (None: no such limit)
 
     @property
     def beta(self) -> float:
@@ -250,23 +259,27 @@ _LAT = "assumption: about 5 us per ring step (NCCL kernel launch and flag synchr
 _LAT_IB = ("assumption: about 5 us per ring step; the adapter's own latency is below 1 us "
            "(NVIDIA ConnectX-6/-7 product briefs), the software step dominates")
 
+# NVLink joins the GPUs of one server (an HGX board: 8 SXM GPUs on NVSwitch), and so does
+# PCIe; beyond 8 GPUs the ring crosses the network.
+NODE_GPUS = 8
+
 LINKS: dict[str, Link] = {
     "NVLink 4 (H100 SXM)": Link(
         "NVLink 4 (H100 SXM)", 900e9 / 2,
         "NVIDIA H100 Tensor Core GPU datasheet: NVLink 900 GB/s per GPU (both directions)",
-        ASSUMED_LATENCY, _LAT),
+        ASSUMED_LATENCY, _LAT, NODE_GPUS),
     "NVLink 3 (A100 SXM)": Link(
         "NVLink 3 (A100 SXM)", 600e9 / 2,
         "NVIDIA A100 Tensor Core GPU datasheet: NVLink 600 GB/s per GPU (both directions)",
-        ASSUMED_LATENCY, _LAT),
+        ASSUMED_LATENCY, _LAT, NODE_GPUS),
     "PCIe 5.0 x16": Link(
         "PCIe 5.0 x16", _pcie_x16(32),
         "PCI-SIG, PCI Express Base Specification 5.0: 32 GT/s per lane, 128b/130b encoding",
-        ASSUMED_LATENCY, _LAT),
+        ASSUMED_LATENCY, _LAT, NODE_GPUS),
     "PCIe 4.0 x16": Link(
         "PCIe 4.0 x16", _pcie_x16(16),
         "PCI-SIG, PCI Express Base Specification 4.0: 16 GT/s per lane, 128b/130b encoding",
-        ASSUMED_LATENCY, _LAT),
+        ASSUMED_LATENCY, _LAT, NODE_GPUS),
     "InfiniBand NDR": Link(
         "InfiniBand NDR", 400e9 / 8,
         "NVIDIA ConnectX-7 product brief: 400 Gb/s NDR InfiniBand per port",
@@ -323,8 +336,9 @@ def resnet18_flops(width: int = 64, hw: int = 28, num_classes: int = 10) -> floa
     return total + 2.0 * 8 * w * num_classes
 
 
-# Small convolutional models reach a fraction of a GPU's peak FP32 rate; the predictions
-# assume this fraction (an assumption, not a datasheet figure, and stated wherever used).
+# Small convolutional models reach a fraction of a GPU's peak FP32 rate.  This fraction was the
+# chapter's assumption before a GPU measured the step (an assumption, not a datasheet figure);
+# the predictions now use the measured step (MeasuredStep) and show this one for comparison.
 ASSUMED_UTILIZATION = 0.4
 
 
@@ -354,15 +368,222 @@ def predict_step(compute_s: float, n_bytes: float, k: int, link: Link, *,
             "speedup": compute_s / step}
 
 
-def best_speedup(compute_s: float, n_bytes: float, link: Link, *, overlap: bool,
-                 scheme: str = "ring", max_k: int = 1024) -> tuple[int, float]:
+# A GPU given only a few images is mostly idle, and the step time stops shrinking with its share
+# of the batch; the predictions do not split a batch finer than this (an assumption).
+MIN_PER_GPU_BATCH = 32
+
+
+def device_limit(global_batch: int, link: Link, min_per_gpu: int = MIN_PER_GPU_BATCH) -> int:
+    """The most GPUs a prediction may use: at least ``min_per_gpu`` images each, and no more
+    GPUs than the link joins (``link.domain``).  At least 1."""
+    if global_batch < 1 or min_per_gpu < 1:
+        raise ValueError("need a global batch and a per-GPU batch of at least 1")
+    k = global_batch // min_per_gpu
+    if link.domain is not None:
+        k = min(k, link.domain)
+    return max(1, k)
+
+
+def best_speedup(compute_s: float, n_bytes: float, link: Link, *, overlap: bool, max_k: int,
+                 scheme: str = "ring") -> tuple[int, float]:
     """The largest speed-up the model allows over k = 1..max_k devices, and the k reaching it:
-    compute shrinks as 1/k while the all-reduce does not (its latency term even grows)."""
+    compute shrinks as 1/k while the all-reduce does not (its latency term even grows).
+    ``max_k`` is the caller's bound (see :func:`device_limit`): the model itself would divide
+    a batch among more GPUs than it has images, over one link however many GPUs it joins."""
     best = max(range(1, max_k + 1),
                key=lambda k: predict_step(compute_s, n_bytes, k, link, overlap=overlap,
                                           scheme=scheme)["speedup"])
     return best, predict_step(compute_s, n_bytes, best, link, overlap=overlap,
                               scheme=scheme)["speedup"]
+
+
+# ------------------------------------------------------------------------------------------
+# Measured: one GPU's training step, read from the book's benchmark records
+# ------------------------------------------------------------------------------------------
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+# The book's first GPU run (benchmarks/h100-2026-11-25/README.md): PyTorch's concise step of
+# ResNet-18 width 64 (28x28 images), global batch 256, on one H100.  The records do not say
+# which numerics ran; the README does: TF32 allowed (D2LMINI_TF32=1 then; PyTorch's default for
+# convolutions, and JAX's GPU default is TF32-like) and exact numerics (TF32 off).
+H100_RUN = BENCHMARKS / "h100-2026-11-25"
+H100_RESNET18 = {"measured, TF32 on (default)": H100_RUN / "bench-torch-w64-tf32.json",
+                 "measured, TF32 off (exact)": H100_RUN / "bench-torch-w64.json"}
+H100_MODEL = "ResNet-18, width 64"
+
+
+class BenchmarkRecordError(ValueError):
+    """A benchmark record that cannot be read, or holds no usable measurement."""
+
+
+@dataclass(frozen=True)
+class MeasuredStep:
+    """One GPU's measured training step, from a benchmark record (``load_step``)."""
+    model: str
+    framework: str
+    gpu: str
+    batch: int              # the global batch the step was measured with
+    step_s: float           # median seconds per step
+    date: str
+    version: str            # the framework's version
+    path: str
+
+    @property
+    def source(self) -> str:
+        return (f"measured: {Path(self.path).parent.name}/{Path(self.path).name}, {self.gpu}, "
+                f"{self.framework} {self.version}, {self.date[:10]}")
+
+    def compute_time(self, batch: int) -> float:
+        """Seconds for one step of ``batch`` images on this GPU.  **Assumes** the time per image
+        measured at ``self.batch`` holds at every batch (linear scaling): optimistic for a batch
+        well below the measured one, where the GPU is less busy."""
+        if batch < 1:
+            raise ValueError(f"need a batch of at least 1 image, got {batch}")
+        return self.step_s * batch / self.batch
+
+
+def load_step(path, *, model: str = H100_MODEL, framework: str = "torch", devices: int = 1,
+              impl: str | None = None) -> MeasuredStep:
+    """The measured one-GPU step of ``model`` in the benchmark record at ``path`` (a file of
+    ``tools/benchmark.py``: ``results`` with ``step_s_median``, ``batch_size``, ``device_kind``;
+    ``hardware``, ``versions``, ``date``).  Raises ``FileNotFoundError`` for a missing file and
+    :class:`BenchmarkRecordError` for one that is not valid JSON, lacks a field, holds no such
+    result, or measured stand-ins instead of a GPU."""
+    import json
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"benchmark record {path} not found (the GPU run's records are "
+                                f"in {BENCHMARKS}; see its README)")
+    try:
+        rec = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise BenchmarkRecordError(f"benchmark record {path} is not valid JSON: {e}") from None
+    try:
+        gpus, versions, date = rec["hardware"]["gpus"], rec["versions"], rec["date"]
+        found = [r for r in rec["results"]
+                 if r["framework"] == framework and r["model"] == model
+                 and r["devices"] == devices and (impl is None or r["impl"] == impl)]
+    except (KeyError, TypeError) as e:
+        raise BenchmarkRecordError(f"benchmark record {path} lacks the field {e}") from None
+    if len(found) != 1:
+        held = sorted({(r.get("framework"), r.get("model"), r.get("devices"), r.get("impl"))
+                       for r in rec["results"] if isinstance(r, dict)})
+        raise BenchmarkRecordError(
+            f"benchmark record {path}: {len(found)} results for {framework}, {model!r}, "
+            f"{devices} device(s){f', {impl}' if impl else ''} (need exactly 1); it holds {held}")
+    r = found[0]
+    if r.get("device_kind") != "gpu" or not gpus:
+        raise BenchmarkRecordError(f"benchmark record {path}: the step ran on "
+                                   f"{r.get('device_kind')!r}, not on a GPU")
+    try:
+        step_s, batch = float(r["step_s_median"]), int(r["batch_size"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise BenchmarkRecordError(f"benchmark record {path}: no usable step time ({e})") from None
+    if not (step_s > 0 and batch > 0 and math.isfinite(step_s)):
+        raise BenchmarkRecordError(f"benchmark record {path}: step time {step_s} s at batch "
+                                   f"{batch} is not a measurement")
+    return MeasuredStep(model, framework, gpus[0], batch, step_s, str(date),
+                        str(versions.get(framework, "?")), str(path))
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """One GPU's step time at a batch, and where it comes from (measured or assumed)."""
+    label: str
+    seconds: float
+    source: str
+    forward_flops: float    # per image, to turn the time into a rate
+
+    @property
+    def measured(self) -> bool:
+        return self.label.startswith("measured")
+
+    def rate(self, batch: int) -> float:
+        """The FLOP/s this step time means (forward + backward = 3x the forward FLOPs)."""
+        return 3.0 * self.forward_flops * batch / self.seconds
+
+
+def resnet18_step_times(batch: int, gpu: Gpu = GPUS["H100 SXM"]) -> dict[str, StepTime]:
+    """One GPU's step of the ResNet-18 width 64 at ``batch``: measured on one H100 with TF32 on
+    (the frameworks' GPU default: first, the primary prediction) and off, both scaled linearly
+    from the measured batch (:meth:`MeasuredStep.compute_time`), and the FLOP-based assumption
+    the chapter used before the measurement."""
+    flops = resnet18_flops(width=64)
+    out = {}
+    for label, path in H100_RESNET18.items():
+        m = load_step(path)
+        out[label] = StepTime(label, m.compute_time(batch), m.source, flops)
+    label = "assumed before the measurement"
+    out[label] = StepTime(label, compute_time(flops, batch, gpu, ASSUMED_UTILIZATION),
+                          f"assumed: {ASSUMED_UTILIZATION:.0%} of the {gpu.name}'s "
+                          f"{gpu.fp32_flops / 1e12:g} TFLOPS FP32 ({gpu.source.split(':')[0]})",
+                          flops)
+    return out
+
+
+def step_table(steps: dict[str, StepTime], batch: int) -> str:
+    """A Markdown table: each one-GPU step time, the rate it means, and its source."""
+    lines = [f"| one GPU, batch {batch} | step | rate ({3 * next(iter(steps.values())).forward_flops / 1e9:.2f} "
+             "GFLOP per image) | from |", "|---|---|---|---|"]
+    for s in steps.values():
+        lines.append(f"| {s.label} | {s.seconds * 1e3:.1f} ms | {s.rate(batch) / 1e12:.1f} TFLOP/s "
+                     f"| {s.source} |")
+    return "\n".join(lines)
+
+
+def speedup_rows(steps: dict[str, StepTime], n_bytes: float, links: Iterable[Link],
+                 k: int) -> list[dict]:
+    """:func:`predict_step` on k GPUs for every step time and link, after backward and
+    overlapped: ``{"step", "link", "after", "overlapped"}`` (the predictions' dicts)."""
+    return [{"step": s.label, "link": link.name,
+             "after": predict_step(s.seconds, n_bytes, k, link, overlap=False),
+             "overlapped": predict_step(s.seconds, n_bytes, k, link, overlap=True)}
+            for s in steps.values() for link in links]
+
+
+def speedup_table(rows: list[dict], k: int) -> str:
+    """A Markdown table of :func:`speedup_rows`: step per GPU, all-reduce, speed-ups."""
+    lines = [f"| one-GPU step | link | k={k}: compute per GPU | all-reduce | speed-up, after "
+             "backward | speed-up, overlapped |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        a, o = r["after"], r["overlapped"]
+        lines.append(f"| {r['step']} | {r['link']} | {a['compute_s'] * 1e3:.2f} ms | "
+                     f"{a['comm_s'] * 1e3:.2f} ms | {a['speedup']:.1f}x | {o['speedup']:.1f}x |")
+    return "\n".join(lines)
+
+
+def plot_speedups(steps: dict[str, StepTime], n_bytes: float, links: Iterable[Link],
+                  global_batch: int, title: str = ""):
+    """Predicted speed-up against k, one panel per link, k up to :func:`device_limit`: one
+    colour per step time, solid after backward, thin dotted overlapped, grey the ideal k.
+    Returns the matplotlib figure (shown as a PNG)."""
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    links = list(links)
+    fig, axes = plt.subplots(1, len(links), figsize=(3.6 * len(links), 3.4), squeeze=False,
+                             sharey=True)
+    for ax, link in zip(axes[0], links):
+        ks = np.arange(1, device_limit(global_batch, link) + 1)
+        ax.plot(ks, ks, "-", color="lightgray", lw=3)
+        for j, s in enumerate(steps.values()):
+            for overlap, style, lw in ((False, "-o", 1.2), (True, ":", 1.0)):
+                sp = [predict_step(s.seconds, n_bytes, int(i), link, overlap=overlap)["speedup"]
+                      for i in ks]
+                ax.plot(ks, sp, style, color=f"C{j}", lw=lw, ms=3)
+        ax.set_xlabel("GPUs k")
+        ax.set_title(link.name, fontsize=9)
+    axes[0][0].set_ylabel("predicted speed-up")
+    handles = ([Line2D([], [], color=f"C{j}", marker="o", ms=3, label=s.label)
+                for j, s in enumerate(steps.values())]
+               + [Line2D([], [], color="k", label="after backward"),
+                  Line2D([], [], color="k", ls=":", label="overlapped"),
+                  Line2D([], [], color="lightgray", lw=3, label="ideal (k)")])
+    axes[0][0].legend(handles=handles, fontsize=6.5, loc="upper left")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
 
 
 def hidden_fraction(t_overlapped: float, t_after: float, t_compute: float) -> float:

@@ -198,3 +198,132 @@ def test_time_call_runs_before_untimed_each_repeat():
     cc.time_call(lambda: order.append("call"), warmup=1, repeats=2,
                  before=lambda: order.append("before"))
     assert order == ["call", "before", "call", "before", "call"]
+
+
+# ------------------------------------------------------------------------------------------
+# One GPU's measured step (the H100 run's benchmark records) and the predictions made from it
+# ------------------------------------------------------------------------------------------
+
+def _raw(path):
+    import json
+    return json.loads(path.read_text())
+
+
+def test_the_h100_records_load_and_give_the_measured_median_at_their_batch():
+    steps = {label: cc.load_step(path) for label, path in cc.H100_RESNET18.items()}
+    assert list(steps) == ["measured, TF32 on (default)", "measured, TF32 off (exact)"]
+    for label, m in steps.items():
+        raw = _raw(cc.H100_RESNET18[label])
+        (r,) = raw["results"]
+        assert m.model == "ResNet-18, width 64" == cc.H100_MODEL and m.framework == "torch"
+        assert m.gpu == raw["hardware"]["gpus"][0] == "NVIDIA H100 80GB HBM3"
+        assert m.batch == r["batch_size"] == 256 and raw["settings"]["width"] == 64
+        assert m.compute_time(256) == r["step_s_median"] == m.step_s
+        assert m.date.startswith("2026-11-25") and m.version == raw["versions"]["torch"]
+        assert "h100-2026-11-25/" in m.source and "measured" in m.source
+    # TF32 (the default) roughly halves the step: 19.8 ms against 39.0 ms in the records
+    on, off = (s.step_s for s in steps.values())
+    assert 0.4 < on / off < 0.6
+
+
+def test_measured_step_scales_linearly_with_the_batch():
+    m = cc.load_step(cc.H100_RESNET18["measured, TF32 on (default)"])
+    assert m.compute_time(128) == pytest.approx(m.step_s / 2)
+    assert m.compute_time(32) == pytest.approx(m.step_s / 8)
+    assert m.compute_time(512) == pytest.approx(2 * m.step_s)
+    with pytest.raises(ValueError, match="at least 1 image"):
+        m.compute_time(0)
+
+
+def test_load_step_selects_one_result_and_refuses_stand_ins():
+    lenet = cc.load_step(cc.H100_RUN / "bench-torch.json", model="LeNet", impl="seed")
+    assert lenet.batch == 256 and lenet.step_s == pytest.approx(0.003926449099981255)
+    with pytest.raises(cc.BenchmarkRecordError, match="2 results"):      # seed and ring
+        cc.load_step(cc.H100_RUN / "bench-torch.json", model="LeNet")
+    with pytest.raises(cc.BenchmarkRecordError, match="not on a GPU"):   # k = 2 on one GPU
+        cc.load_step(cc.H100_RUN / "bench-torch.json", model="ResNet-18, width 16", devices=2)
+    with pytest.raises(cc.BenchmarkRecordError, match="0 results.*it holds"):
+        cc.load_step(cc.H100_RESNET18["measured, TF32 off (exact)"], framework="jax")
+
+
+def test_load_step_errors_name_the_file_and_the_problem(tmp_path):
+    missing = tmp_path / "nope.json"
+    with pytest.raises(FileNotFoundError, match="nope.json not found"):
+        cc.load_step(missing)
+    bad = tmp_path / "corrupt.json"
+    bad.write_text('{"results": [')                                   # truncated
+    with pytest.raises(cc.BenchmarkRecordError, match="corrupt.json is not valid JSON"):
+        cc.load_step(bad)
+    good = _raw(cc.H100_RESNET18["measured, TF32 off (exact)"])
+    import copy
+    import json
+    no_hw = copy.deepcopy(good)
+    del no_hw["hardware"]
+    (tmp_path / "nohw.json").write_text(json.dumps(no_hw))
+    with pytest.raises(cc.BenchmarkRecordError, match="lacks the field 'hardware'"):
+        cc.load_step(tmp_path / "nohw.json")
+    for value in (0.0, -1.0, "fast", None):
+        broken = copy.deepcopy(good)
+        broken["results"][0]["step_s_median"] = value
+        (tmp_path / "broken.json").write_text(json.dumps(broken))
+        with pytest.raises(cc.BenchmarkRecordError, match="step time"):
+            cc.load_step(tmp_path / "broken.json")
+    assert isinstance(cc.BenchmarkRecordError("x"), ValueError)
+
+
+def test_resnet18_step_times_measured_first_then_the_old_assumption():
+    steps = cc.resnet18_step_times(256)
+    labels = list(steps)
+    assert labels == [*cc.H100_RESNET18, "assumed before the measurement"]
+    for label, path in cc.H100_RESNET18.items():
+        assert steps[label].measured and steps[label].seconds == _raw(path)["results"][0]["step_s_median"]
+    old = steps["assumed before the measurement"]
+    assert not old.measured and "assumed" in old.source and "40%" in old.source
+    assert old.seconds == pytest.approx(cc.compute_time(cc.resnet18_flops(64), 256, cc.GPUS["H100 SXM"],
+                                                        cc.ASSUMED_UTILIZATION))
+    assert 0.026 < old.seconds < 0.0262                               # the chapter's 26 ms
+    # the rate a step time means: 3 x 0.91 GFLOP per image (torch's FlopCounter: 2.73 GFLOP)
+    assert 3 * cc.resnet18_flops(64) == pytest.approx(2.73e9, rel=0.01)
+    assert old.rate(256) == pytest.approx(cc.GPUS["H100 SXM"].fp32_flops * cc.ASSUMED_UTILIZATION)
+    half = cc.resnet18_step_times(128)
+    assert all(half[l].seconds == pytest.approx(steps[l].seconds / 2) for l in labels)
+    table = cc.step_table(steps, 256)
+    assert table.count("\n") == 1 + len(steps) and "2.73 GFLOP" in table and "19.8 ms" in table
+
+
+def test_device_limit_bounds_k_by_the_batch_and_the_links_domain():
+    nv, ib = cc.LINKS["NVLink 4 (H100 SXM)"], cc.LINKS["InfiniBand NDR"]
+    assert nv.domain == cc.NODE_GPUS == 8 and ib.domain is None
+    assert cc.LINKS["PCIe 5.0 x16"].domain == 8
+    assert cc.device_limit(256, nv) == 8                       # 256 / 32 = 8 = one node
+    assert cc.device_limit(4096, nv) == 8                      # the node, not the batch
+    assert cc.device_limit(4096, ib) == 4096 // cc.MIN_PER_GPU_BATCH
+    assert cc.device_limit(64, ib) == 2 and cc.device_limit(8, ib) == 1
+    assert cc.device_limit(256, nv, min_per_gpu=64) == 4
+    with pytest.raises(ValueError):
+        cc.device_limit(0, nv)
+    with pytest.raises(TypeError):                              # the bound is the caller's
+        cc.best_speedup(1.0, 1e8, nv, overlap=False)
+
+
+def test_speedup_rows_table_and_plot():
+    steps = cc.resnet18_step_times(256)
+    links = [cc.LINKS["NVLink 4 (H100 SXM)"], cc.LINKS["InfiniBand NDR"]]
+    rows = cc.speedup_rows(steps, 4e7, links, 8)
+    assert len(rows) == len(steps) * len(links)
+    for r in rows:
+        s = steps[r["step"]].seconds
+        link = cc.LINKS[r["link"]]
+        assert r["after"] == cc.predict_step(s, 4e7, 8, link, overlap=False)
+        assert r["overlapped"]["speedup"] >= r["after"]["speedup"]
+    assert cc.speedup_table(rows, 8).count("\n") == 1 + len(rows)
+    import matplotlib
+    matplotlib.use("Agg")
+    fig = cc.plot_speedups(steps, 4e7, links, 256)
+    assert len(fig.axes) == 2
+    for ax, link in zip(fig.axes, links):
+        xs = {x for line in ax.get_lines() for x in line.get_xdata()}
+        assert max(xs) == cc.device_limit(256, link) and min(xs) == 1
+        assert len(ax.get_lines()) == 1 + 2 * len(steps)
+    import matplotlib.pyplot as plt
+    plt.close(fig)
