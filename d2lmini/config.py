@@ -19,7 +19,7 @@ import os
 __all__ = ["Profile", "PROFILES", "get_profile", "num_simulated_devices",
            "requested_devices",
            "host_has_gpu", "DevicePlan", "GPUBuildMissing", "plan_devices", "device_plan",
-           "reset_device_plans", "exact_everywhere"]
+           "reset_device_plans", "multi_device_profile", "exact_everywhere"]
 
 DEFAULT_SIMULATED_DEVICES = 2
 
@@ -218,13 +218,17 @@ class DevicePlan:
     ``kind``: ``"gpu"`` or ``"cpu"``; ``count``: how many entries ``try_all_gpus()`` returns;
     ``gpus``: how many distinct GPUs stand behind them (0 on the CPU); ``stand_ins``: whether
     some entries repeat a device (or replace GPUs by CPU devices); ``note``: what the reader
-    must be told, printed once by the backend, or None.
+    must be told, printed once by the backend, or None; ``cpu_stand_ins``: the entries are
+    simulated CPU devices standing in for GPUs that the framework has, but fewer than
+    ``count`` (``stand_in="cpu"``): one-device work belongs on its GPU (``try_gpu()``), and
+    only the ``count``-device work runs on the CPU (see :func:`multi_device_profile`).
     """
     kind: str
     count: int
     gpus: int
     stand_ins: bool
     note: str | None
+    cpu_stand_ins: bool = False
 
     def gpu_ids(self) -> list[int]:
         """The GPU behind each of the ``count`` devices: 0, 1, ..., cycling when there are
@@ -286,7 +290,7 @@ def plan_devices(framework: str, framework_gpus: int, *, at_least: int = 1,
                           f"NOTE: {k} devices requested (D2LMINI_NUM_DEVICES) but {framework} "
                           f"sees {framework_gpus} GPU(s), and a JAX mesh cannot hold one device "
                           f"twice: this notebook uses {k} simulated CPU devices instead. "
-                          f"Results are exact; timings are the CPU's.")
+                          f"Results are exact; timings are the CPU's.", cpu_stand_ins=True)
     return DevicePlan("gpu", k, framework_gpus, True,
                       f"NOTE: {k} devices requested but {framework} sees {framework_gpus} "
                       f"GPU(s): the GPU(s) are repeated as stand-ins (device i = GPU "
@@ -311,6 +315,23 @@ def device_plan(framework: str, count_gpus, at_least: int = 1, **kwargs) -> Devi
         if plan.note:
             print(plan.note)
     return plan
+
+
+def multi_device_profile(plan: DevicePlan, profile: Profile | None = None) -> Profile:
+    """The profile whose sizes a lesson's runs on the ``plan.count`` devices use.
+
+    ``profile`` (default: :func:`get_profile`) itself, with one exception: under the ``gpu``
+    profile, when the plan's devices are simulated CPU devices standing in for GPUs
+    (``plan.cpu_stand_ins``: the framework has a GPU, but fewer than k, and cannot repeat one),
+    the ``cpu`` profile.  The gpu profile's runs (full Fashion-MNIST, the seeds' widths and
+    epochs) would take an hour on CPU devices; the cpu profile's are sized for them (a
+    notebook in minutes).  One-device runs keep ``profile`` and run on the GPU.  Backends whose
+    stand-ins are the GPUs themselves (``stand_in="repeat"``) never get this plan.
+    """
+    profile = profile or get_profile()
+    if plan.cpu_stand_ins and profile.name == "gpu":
+        return PROFILES["cpu"]
+    return profile
 
 
 def reset_device_plans() -> None:

@@ -67,7 +67,10 @@ def num_gpus() -> int:
 
 
 def try_gpu(i: int = 0):
-    """GPU ``i`` if it exists, else the first CPU device."""
+    """GPU ``i`` if it exists, else the first CPU device.
+
+    The device of one-device work, also where :func:`try_all_gpus` gives CPU stand-ins (fewer
+    GPUs than the lesson's k): only the k-device work belongs on those."""
     return jax.devices("gpu")[i] if num_gpus() > i else jax.devices("cpu")[0]
 
 
