@@ -104,9 +104,15 @@ def get_devices(k: int) -> list:
 
 
 def synchronize(devices=None) -> None:
-    """Wait for all dispatched work (JAX runs asynchronously)."""
-    for a in jax.live_arrays():
-        a.block_until_ready()
+    """Wait for all dispatched work (JAX runs asynchronously) on the platforms of ``devices``
+    (default: the CPU and, if there are any, the GPUs).  ``jax.live_arrays()`` alone sees only
+    the default backend's arrays -- the GPU's on a GPU host, where CPU stand-ins would then
+    not be waited for."""
+    platforms = ({d.platform for d in devices} if devices
+                 else {"cpu"} | ({"gpu"} if num_gpus() else set()))
+    for platform in sorted(platforms):
+        for a in jax.live_arrays(platform):
+            a.block_until_ready()
 
 
 def to_numpy(x) -> np.ndarray:

@@ -87,3 +87,18 @@ def test_results_land_where_the_notebook_started_after_its_folder_is_replaced(tm
     lines = r.stdout.splitlines()
     assert lines[0] == "1"
     assert lines[1].startswith("ERROR") and "restart the kernel" in lines[1]
+
+
+def test_jax_synchronize_waits_on_every_platform_in_use(monkeypatch):
+    # the H100 benchmark read its clock while a JAX state on CPU stand-ins was still being
+    # computed: jax.live_arrays() without a platform lists only the default backend's (GPU)
+    # arrays, so synchronize() never waited for the CPU's
+    d2l = pytest.importorskip("d2lmini.jax")
+    asked = []
+    monkeypatch.setattr(d2l.jax, "live_arrays", lambda platform=None: asked.append(platform) or [])
+    monkeypatch.setattr(d2l, "num_gpus", lambda: 1)             # a GPU host
+    d2l.synchronize()
+    assert sorted(asked) == ["cpu", "gpu"]
+    asked.clear()
+    d2l.synchronize(d2l.jax.devices("cpu")[:1])                # CPU stand-ins: the CPU's
+    assert asked == ["cpu"]
