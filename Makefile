@@ -56,14 +56,21 @@ book: data
 	$(VENV)/bin/jupyter-book build . --warningiserror --nitpick --keep-going
 	@test -f _build/html/index.html && echo "book: $$(pwd)/_build/html/index.html"
 
-# Everything at the default device count (2), then every notebook again with 1 and 8 devices
-# (the one-GPU workstation and the 8-GPU node).
+# Everything in one pytest run: the unit, fault, multi-node, JupyterLab, browser and book tests,
+# and every notebook at the default device count (2) and again with 1 and 8 devices (the
+# one-GPU workstation and the 8-GPU node), spread over TEST_WORKERS processes (pytest-xdist;
+# the tests mostly wait on kernels, launched ranks and browsers).  conftest.py makes a
+# notebook at one device count one unit of work, handed out longest first
+# (tests/durations.json; refresh it with tools/test_durations.py after a run with
+# --junitxml).  TEST_WORKERS=0 runs everything in this process, one after the other.
+TEST_WORKERS ?= 3
+TEST_ARGS ?=
+comma := ,
+empty :=
+space := $(empty) $(empty)
 test: data browser
-	D2LMINI_PROFILE=$(TEST_PROFILE) $(PY) -m pytest
-	@for k in $(TEST_DEVICE_COUNTS); do \
-	  echo "=== notebooks with D2LMINI_NUM_DEVICES=$$k"; \
-	  D2LMINI_PROFILE=$(TEST_PROFILE) D2LMINI_NUM_DEVICES=$$k $(PY) -m pytest -q chapters || exit 1; \
-	done
+	D2LMINI_PROFILE=$(TEST_PROFILE) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile \
+	  --device-counts default,$(subst $(space),$(comma),$(strip $(TEST_DEVICE_COUNTS))) $(TEST_ARGS)
 
 # The quick loop before a commit: the fast unit tests and nbval (k = 2) of the notebooks that
 # changed since main's last commit, or of those named: make check NB="chapters/x/y.ipynb ...".

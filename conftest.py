@@ -1,0 +1,158 @@
+"""pytest set-up for the whole repository: every notebook at several device counts in one run,
+and the run spread over worker processes (``make test``; see README, "Tests").
+
+``--device-counts default,1,8`` collects each notebook once per count. ``default`` is the
+notebook as the environment gives it (``D2LMINI_NUM_DEVICES`` unset: 2 simulated devices on a
+CPU machine); a number ``k`` starts that notebook's kernel with ``D2LMINI_NUM_DEVICES=k`` and
+names its items ``chapters/<ch>/<fw>.ipynb[k=8]::Cell 3``. Nothing else changes: the same
+cells, the same nbval comparisons, the same sanitizers as three separate pytest runs.
+
+Under pytest-xdist (``-n N --dist loadfile``) a notebook at one device count is one unit of
+work (its cells share one kernel, in order), and so is a test file (its module fixtures are
+built once); the tests that use the built book form one unit, so it is built once. Units are
+handed out longest first, by the seconds recorded in ``tests/durations.json``
+(``tools/test_durations.py`` rewrites it from a run's JUnit XML); a unit not recorded there
+counts as :data:`UNKNOWN_SECONDS`.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent
+DURATIONS = ROOT / "tests" / "durations.json"
+UNKNOWN_SECONDS = 30.0
+BOOK_GROUP = "the built book"
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--device-counts", default="",
+        help="comma-separated device counts to run every notebook with, e.g. "
+             "'default,1,8' ('default': D2LMINI_NUM_DEVICES as the environment sets it)")
+
+
+def pytest_configure(config):
+    # Each xdist worker's kernels keep their IPython history in a folder of their own: the
+    # default, one SQLite file for every kernel of the machine, is shared by concurrent kernels.
+    worker = getattr(config, "workerinput", {}).get("workerid")
+    if worker and "IPYTHONDIR" not in os.environ:
+        import tempfile
+        os.environ["IPYTHONDIR"] = tempfile.mkdtemp(prefix=f"ipython-{worker}-")
+
+
+def device_counts(config) -> list[str | None]:
+    """The counts of ``--device-counts`` (None for 'default'); [None] without the option."""
+    raw = config.getoption("device_counts", default="") or ""
+    out: list[str | None] = []
+    for part in (p.strip() for p in raw.split(",") if p.strip()):
+        if part == "default":
+            out.append(None)
+        elif part.isdigit() and 1 <= int(part) <= 8:
+            out.append(part)
+        else:
+            raise pytest.UsageError(
+                f"--device-counts: {part!r} is neither 'default' nor a device count from 1 "
+                "to 8 (example: --device-counts default,1,8)")
+    if len(set(out)) != len(out):
+        raise pytest.UsageError(f"--device-counts {raw!r} names a count twice")
+    return out or [None]
+
+
+try:
+    from nbval.plugin import IPyNbFile
+except ImportError:                  # nbval missing: notebooks are not collected at all
+    IPyNbFile = None
+
+if IPyNbFile is not None:
+    class NotebookAtDeviceCount(IPyNbFile):
+        """nbval's notebook collector whose kernel starts with ``D2LMINI_NUM_DEVICES=k``."""
+        devices: str | None = None
+
+        def setup(self):
+            saved = os.environ.get("D2LMINI_NUM_DEVICES")
+            os.environ["D2LMINI_NUM_DEVICES"] = self.devices
+            try:
+                super().setup()              # starts the kernel, which copies os.environ
+            finally:
+                if saved is None:
+                    os.environ.pop("D2LMINI_NUM_DEVICES", None)
+                else:
+                    os.environ["D2LMINI_NUM_DEVICES"] = saved
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collect_file(file_path, parent):
+    collected = yield
+    counts = device_counts(parent.config)
+    if counts == [None] or file_path.suffix != ".ipynb" or IPyNbFile is None:
+        return collected
+    out = []
+    for node in collected:
+        if type(node) is not IPyNbFile:
+            out.append(node)
+            continue
+        for k in counts:
+            if k is None:
+                out.append(node)
+            else:
+                name = f"{file_path.name}[k={k}]"
+                nb = NotebookAtDeviceCount.from_parent(
+                    parent, path=file_path, name=name, nodeid=_nodeid(parent, name))
+                nb.devices = k
+                out.append(nb)
+    return out
+
+
+def _nodeid(parent, name: str):
+    rel = (parent.path / name).relative_to(parent.config.rootpath)
+    text = rel.as_posix()
+    try:                                   # pytest >= 9: structured node ids
+        from _pytest.nodes import NodeId
+    except ImportError:
+        return text
+    return NodeId(path=text)
+
+
+BOOK_FILES = ("tests/test_book.py", "tests/test_browser.py")   # the built_book fixture's users
+
+
+def work_unit(nodeid: str) -> str:
+    """The unit of work a test belongs to: its notebook at its device count, its test file,
+    or the built book."""
+    unit = nodeid.split("::", 1)[0]
+    return BOOK_GROUP if unit in BOOK_FILES else unit
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile`` with the units of :func:`work_unit`, handed out in collection
+    order (which :func:`pytest_collection_modifyitems` sorts longest first)."""
+    if config.getoption("dist", "no") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class WorkUnitScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    config.option.loadscopereorder = False
+    return WorkUnitScheduling(config, log)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    if not hasattr(config, "workerinput"):      # only the xdist workers' collection
+        return
+    try:
+        seconds = json.loads(DURATIONS.read_text())
+    except (OSError, ValueError):
+        seconds = {}
+    order = {}
+    for i, item in enumerate(items):
+        unit = work_unit(item.nodeid)
+        order.setdefault(unit, (-float(seconds.get(unit, UNKNOWN_SECONDS)), i))
+    # Longest unit first (stable: a unit's items keep their order, nbval cells run in order).
+    items.sort(key=lambda it: order[work_unit(it.nodeid)])

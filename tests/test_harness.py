@@ -1,0 +1,114 @@
+"""The test harness of ``make test`` (conftest.py at the repository's root): every notebook at
+several device counts in one run, a notebook's cells kept on one kernel in order when the run
+is spread over processes, and the durations file that orders the work."""
+import importlib.util
+import json
+import shutil
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+harness = load("repo_conftest", ROOT / "conftest.py")  # the root one, not tests/conftest.py
+
+
+def notebook(path: Path, stored: str):
+    """Two cells: the second needs the first's variable and prints the kernel's device count."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("import os\nx = 41", execution_count=1),
+                nbformat.v4.new_code_cell(
+                    "print(os.environ.get('D2LMINI_NUM_DEVICES', 'unset'), x + 1)",
+                    execution_count=2,
+                    outputs=[nbformat.v4.new_output("stream", name="stdout", text=stored)])]
+    nbformat.write(nb, path)
+
+
+def run(tmp_path, *args, devices=None):
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    shutil.copy(ROOT / "conftest.py", tmp_path / "conftest.py")
+    env = dict(os.environ)
+    env.pop("D2LMINI_NUM_DEVICES", None)
+    if devices is not None:
+        env["D2LMINI_NUM_DEVICES"] = devices
+    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-c", str(tmp_path / "pytest.ini"),
+                        "--rootdir", str(tmp_path), "--nbval", "--nbval-current-env",
+                        "-v", *args], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=600)
+    return r.returncode, r.stdout + r.stderr
+
+
+def test_a_device_count_reaches_the_notebooks_kernel(tmp_path):
+    notebook(tmp_path / "nb.ipynb", "8 42\n")
+    rc, out = run(tmp_path, "--device-counts", "8", "nb.ipynb")
+    assert rc == 0 and "nb.ipynb[k=8]::Cell 1 PASSED" in out, out
+    rc, out = run(tmp_path, "--device-counts", "1", "nb.ipynb")        # kernel sees 1, not 8
+    assert rc != 0 and "nb.ipynb[k=1]::Cell 1 FAILED" in out, out
+
+
+def test_default_keeps_the_environment_and_the_run_restores_it(tmp_path):
+    notebook(tmp_path / "nb.ipynb", "unset 42\n")
+    rc, out = run(tmp_path, "--device-counts", "default", "nb.ipynb")
+    assert rc == 0 and "2 passed" in out, out
+    # the k = 8 notebook runs first; the default one after it still sees no count
+    rc, out = run(tmp_path, "--device-counts", "8,default", "nb.ipynb")
+    assert "nb.ipynb[k=8]::Cell 1 FAILED" in out and "1 failed, 3 passed" in out, out
+
+
+def test_spread_over_workers_a_notebooks_cells_share_one_kernel(tmp_path):
+    for name in ("a", "b", "c"):
+        notebook(tmp_path / f"{name}.ipynb", "8 42\n")
+    rc, out = run(tmp_path, "-n", "2", "--dist", "loadfile", "--device-counts", "default,8",
+                  "a.ipynb", "b.ipynb", "c.ipynb", devices="8")
+    assert rc == 0 and "12 passed" in out, out        # a NameError if cell 1 ran elsewhere
+    assert "b.ipynb[k=8]::Cell 1" in out, out
+
+
+@pytest.mark.parametrize("bad", ["9", "0", "two", "1,1"])
+def test_a_bad_device_count_is_a_usage_error(tmp_path, bad):
+    notebook(tmp_path / "nb.ipynb", "8 42\n")
+    rc, out = run(tmp_path, "--device-counts", bad, "--collect-only", "nb.ipynb")
+    assert rc == 4 and "--device-counts" in out, out
+
+
+def test_units_are_notebooks_at_a_count_test_files_and_the_book():
+    assert harness.work_unit("chapters/comm/jax.ipynb[k=8]::Cell 3") == \
+        "chapters/comm/jax.ipynb[k=8]"
+    assert harness.work_unit("chapters/comm/jax.ipynb::Cell 3") == "chapters/comm/jax.ipynb"
+    assert harness.work_unit("tests/test_core.py::test_x[a-b]") == "tests/test_core.py"
+    assert harness.work_unit("tests/test_browser.py::test_y") == harness.BOOK_GROUP
+    assert harness.work_unit("tests/test_book.py::test_z") == harness.BOOK_GROUP
+
+
+def test_durations_come_from_junit_and_name_the_units(tmp_path):
+    td = load("test_durations_tool", ROOT / "tools" / "test_durations.py")
+    junit = tmp_path / "junit.xml"
+    junit.write_text(textwrap.dedent("""\
+        <testsuites><testsuite>
+        <testcase classname="chapters.comm.jax.ipynb[k=8]" name="Cell 1" time="5.5"/>
+        <testcase classname="chapters.comm.jax.ipynb[k=8]" name="Cell 2" time="1.5"/>
+        <testcase classname="chapters.comparison.batch-size.ipynb" name="Cell 0" time="2"/>
+        <testcase classname="tests.test_core" name="test_a[x-1]" time="0.5"/>
+        <testcase classname="tests.test_browser" name="test_b" time="3"/>
+        <testcase classname="tests.test_book" name="test_c" time="4"/>
+        </testsuite></testsuites>"""))
+    assert td.unit_seconds(junit) == {"chapters/comm/jax.ipynb[k=8]": 7.0,
+                                      "chapters/comparison/batch-size.ipynb": 2.0,
+                                      "tests/test_core.py": 0.5, harness.BOOK_GROUP: 7.0}
+    # every unit the recorded durations name is one that the suite has today
+    recorded = json.loads(harness.DURATIONS.read_text())
+    assert all(u == harness.BOOK_GROUP or (ROOT / u.split("[k=")[0]).is_file()
+               for u in recorded), [u for u in recorded if not (ROOT / u.split("[")[0]).exists()]
