@@ -11,18 +11,24 @@ another and the messages of one step run at the same time on different links, so
 with a(k) the number of sequential steps and b(k) the bytes on the busiest link per byte of
 the buffer:
 
-    ring   a = 2(k-1)            b = 2(k-1)/k    (reduce-scatter + all-gather of n/k chunks)
-    naive  a = 2(k-1)            b = 2(k-1)      (device 0 receives k-1 buffers, sends k-1)
-    tree   a = 2 ceil(log2 k)    b = 2 ceil(log2 k)  (reduce up a binary tree, broadcast down;
-                                                     whole buffers, no pipelining)
+    ring          a = 2(k-1)            b = 2(k-1)/k    (reduce-scatter + all-gather of n/k chunks)
+    naive         a = 2(k-1)            b = 2(k-1)      (device 0 receives k-1 buffers, sends k-1)
+    tree          a = 2 ceil(log2 k)    b = 2 ceil(log2 k)  (binomial tree, reduce up, broadcast
+                                                        down; whole buffers, no pipelining)
+    rabenseifner  a = 2 log2 k          b = 2(k-1)/k    (recursive halving reduce-scatter +
+                                                        recursive doubling all-gather; k = 2^d)
 
 ``fit`` estimates alpha and beta from measured (k, n, seconds) by least squares on the
 *relative* error (the times span orders of magnitude, and every point should count);
 ``crossover`` solves t_s1(n) = t_s2(n) for n; ``bus_bandwidth`` is nccl-tests' busbw.
 
-For GPUs, ``predict_step`` combines the model with published link figures (``LINKS``) and one
-GPU's step time measured on an H100 (``load_step`` reads the benchmark record,
-``resnet18_step_times`` gives TF32 on, TF32 off and the earlier FLOP-based assumption).
+For GPUs, ``collective_time`` prices NCCL's ring collectives (all-reduce, reduce-scatter,
+all-gather) with published link bandwidths (``LINKS``) and NCCL's own latency table
+(``NCCL_BASE_LATENCY_US``, ``NCCL_HW_LATENCY_US``: src/graph/tuning.cc); ``predict_step``
+combines it with one GPU's step time measured on an H100 (``load_step`` reads the benchmark
+record, ``resnet18_step_times`` gives TF32 on, TF32 off and the earlier FLOP-based
+assumption), with or without overlap (the last bucket stays exposed), and ``critical_batch``
+gives the per-GPU batch below which a step is communication-bound.
 """
 from __future__ import annotations
 
@@ -36,16 +42,23 @@ from typing import Callable, Iterable
 import numpy as np
 
 __all__ = ["SCHEMES", "coefficients", "model_time", "Fit", "fit", "crossover",
-           "algorithm_bandwidth", "bus_bandwidth", "summarize", "time_call", "message_sizes",
-           "device_counts", "sweep", "fit_rows", "regime_size", "Link", "LINKS", "Gpu", "GPUS",
+           "algorithm_bandwidth", "bus_bandwidth", "bandwidths", "summarize", "time_call",
+           "time_interleaved", "page_faults", "time_and_faults", "message_sizes", "device_counts", "sweep", "fit_rows",
+           "fit_per_k", "regime_size", "moved_bytes", "per_byte_moved", "sig", "fmt_bytes",
+           "fmt_seconds", "COLLECTIVES", "collective_coefficients", "collective_model_time",
+           "PROTOCOLS", "NCCL_VERSION_READ", "NCCL_SOURCE", "NCCL_BASE_LATENCY_US",
+           "NCCL_HW_LATENCY_US", "NCCL_RING_EFFICIENCY", "NCCL_LL_MAX_BW", "nccl_latency", "collective_time",
+           "nccl_protocol", "Link", "LINKS", "Gpu", "GPUS",
            "LENET_SHAPES", "gradient_bytes", "lenet_flops", "resnet18_flops", "compute_time",
-           "predict_step", "best_speedup", "hidden_fraction", "record", "report", "plot_fits",
+           "DDP_BUCKET_BYTES", "bucket_sizes", "predict_step", "best_speedup", "critical_batch",
+           "plot_roofline", "hidden_fraction", "clearly_greater", "overlap_verdict",
+           "overlap_report", "record", "report", "plot_fits",
            "ASSUMED_UTILIZATION", "table", "NODE_GPUS", "MIN_PER_GPU_BATCH", "device_limit",
            "BENCHMARKS", "H100_RUN", "H100_RESNET18", "H100_MODEL", "BenchmarkRecordError",
            "MeasuredStep", "load_step", "StepTime", "resnet18_step_times", "step_table",
            "speedup_rows", "speedup_table", "plot_speedups"]
 
-SCHEMES = ("ring", "naive", "tree")
+SCHEMES = ("ring", "naive", "tree", "rabenseifner")
 
 
 def coefficients(scheme: str, k: int) -> tuple[float, float]:
@@ -59,6 +72,12 @@ def coefficients(scheme: str, k: int) -> tuple[float, float]:
     if scheme == "tree":
         d = math.ceil(math.log2(k)) if k > 1 else 0
         return 2.0 * d, 2.0 * d
+    if scheme == "rabenseifner":
+        if k & (k - 1):
+            raise ValueError(f"recursive halving-doubling (rabenseifner) needs a power of two "
+                             f"devices, got k={k}")
+        d = k.bit_length() - 1
+        return 2.0 * d, 2.0 * (k - 1) / k
     raise ValueError(f"unknown scheme {scheme!r}; one of {SCHEMES}")
 
 
@@ -134,6 +153,64 @@ def bus_bandwidth(algbw: float, k: int) -> float:
     return algbw * 2.0 * (k - 1) / k
 
 
+# Schemes that put the fewest possible bytes on every link (2(k-1)/k n each): for them, and
+# only for them, busbw compares with a link's bandwidth.
+BANDWIDTH_OPTIMAL = ("ring", "rabenseifner")
+
+
+def bandwidths(n_bytes: float, seconds: float, k: int, scheme: str) -> dict:
+    """algbw always; busbw only for a bandwidth-optimal ``scheme`` (ring, rabenseifner), else
+    None: busbw's factor 2(k-1)/k is the bytes such a scheme puts on each link, and a
+    reduce-to-one-device scheme (naive, tree) puts more on its busiest link."""
+    algbw = algorithm_bandwidth(n_bytes, seconds)
+    return {"algbw": algbw,
+            "busbw": bus_bandwidth(algbw, k) if scheme in BANDWIDTH_OPTIMAL else None}
+
+
+def moved_bytes(scheme: str, k: int, n_bytes: float) -> float:
+    """Bytes sent in total, summed over all devices, by one all-reduce of ``n_bytes``: 2(k-1)n
+    for every scheme here (each element needs k-1 additions and k-1 copies, nccl-tests'
+    PERFORMANCE.md).  The schemes differ in how they spread it over links, not in the total."""
+    coefficients(scheme, k)                      # validates scheme and k
+    return 2.0 * (k - 1) * n_bytes
+
+
+def per_byte_moved(f: "Fit", k: int) -> float:
+    """Seconds per byte sent in total (all devices together) that a fit implies on k devices:
+    ``b(k) * beta / (2(k-1))``.  Where the links do not run in parallel (one memory system),
+    every scheme should show the same value; a larger one means more work per byte."""
+    a, b = coefficients(f.scheme, k)
+    return b * f.beta / (2.0 * (k - 1)) if k > 1 else 0.0
+
+
+def sig(x: float, digits: int = 2) -> str:
+    """``x`` rounded to ``digits`` significant figures, without an exponent: 737.4 -> '740',
+    0.4812 -> '0.48', 12345 -> '12,000'."""
+    if x == 0 or not math.isfinite(x):
+        return f"{x:g}"
+    r = round(x, digits - 1 - math.floor(math.log10(abs(x))))
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(r))))
+    return f"{r:,.{decimals}f}"
+
+
+def fmt_bytes(n: float, digits: int = 2) -> str:
+    """A size in bytes with SI prefixes to ``digits`` significant figures: '720 kB', '1.4 MB'."""
+    n = float(sig(n, digits).replace(",", "")) if n else 0.0       # round first, then the unit
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= scale:
+            return f"{sig(n / scale, digits)} {unit}"
+    return f"{sig(n, digits)} B"
+
+
+def fmt_seconds(t: float, digits: int = 2) -> str:
+    """A time to ``digits`` significant figures: '740 us', '1.3 ms', '2.5 s'."""
+    t = float(sig(t, digits).replace(",", "")) if t else 0.0       # round first, then the unit
+    for unit, scale in (("s", 1.0), ("ms", 1e-3)):
+        if abs(t) >= scale:
+            return f"{sig(t / scale, digits)} {unit}"
+    return f"{sig(t / 1e-6, digits)} us"
+
+
 def message_sizes(smallest: int = 8, largest: int = 32 << 20, per_decade: int = 2) -> list[int]:
     """Sizes in bytes from ``smallest`` to ``largest``, log-spaced, multiples of 8 bytes."""
     if not 0 < smallest <= largest:
@@ -175,6 +252,60 @@ def time_call(fn: Callable[[], object], sync: Callable[[object], object] = lambd
     return out
 
 
+def time_interleaved(calls: dict[str, Callable[[], object]],
+                     sync: Callable[[object], object] = lambda r: r, warmup: int = 1,
+                     repeats: int = 10, before: Callable[[], object] | None = None
+                     ) -> dict[str, list[float]]:
+    """Seconds of ``repeats`` calls of every function in ``calls``, taken in rounds: one call
+    of each per round, each round starting one variant later than the one before (round r
+    runs the variants from the r-th on, then the first ones).  A slow stretch of the machine
+    then hits every variant alike, and so does whatever costs the first call of a round.
+    ``warmup`` untimed rounds first; ``sync`` and ``before`` as in :func:`time_call`."""
+    names = list(calls)
+    for _ in range(warmup):
+        for fn in calls.values():
+            sync(fn())
+    out = {name: [] for name in calls}
+    for r in range(repeats):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            fn = calls[name]
+            if before is not None:
+                before()
+            t0 = time.perf_counter()
+            sync(fn())
+            out[name].append(time.perf_counter() - t0)
+    return out
+
+
+def page_faults() -> int | None:
+    """Minor page faults of this process so far (every thread; Linux and macOS), or None
+    where the ``resource`` module is missing.  A minor fault is the first touch of a page the
+    process has just been given: fresh memory costs one per page (4 KiB) on first write."""
+    try:
+        import resource
+    except ImportError:                         # pragma: no cover (Windows)
+        return None
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def time_and_faults(fn: Callable[[], object], sync: Callable[[object], object] = lambda r: r,
+                    warmup: int = 1, repeats: int = 3) -> tuple[float, int | None]:
+    """Median seconds of ``repeats`` calls of ``fn`` (after ``warmup``), and the median number
+    of minor page faults per call (:func:`page_faults`; None where unknown)."""
+    for _ in range(warmup):
+        sync(fn())
+    times, faults = [], []
+    for _ in range(repeats):
+        f0 = page_faults()
+        t0 = time.perf_counter()
+        sync(fn())
+        times.append(time.perf_counter() - t0)
+        f1 = page_faults()
+        if f0 is not None and f1 is not None:
+            faults.append(f1 - f0)
+    return statistics.median(times), (int(statistics.median(faults)) if faults else None)
+
+
 # ------------------------------------------------------------------------------------------
 # The sweep: one timed collective over message sizes x device counts
 # ------------------------------------------------------------------------------------------
@@ -214,8 +345,16 @@ def sweep(make_call: Callable[[int, int], Callable[[], object]], counts: Iterabl
 
 
 def fit_rows(rows: Iterable[dict], scheme: str = "ring") -> Fit:
-    """:func:`fit` on the medians of :func:`sweep`'s rows."""
+    """:func:`fit` on the medians of :func:`sweep`'s rows (all device counts at once)."""
     return fit([(r["k"], r["bytes"], r["median"]) for r in rows], scheme)
+
+
+def fit_per_k(rows: Iterable[dict], scheme: str = "ring") -> dict[int, Fit]:
+    """One :func:`fit_rows` per device count: the model's form in n tested for each k alone,
+    without asking one alpha and one beta to follow how k changes the cost as well."""
+    rows = list(rows)
+    return {k: fit_rows([r for r in rows if r["k"] == k], scheme)
+            for k in sorted({r["k"] for r in rows}) if k >= 2}
 
 
 def regime_size(scheme: str, k: int, alpha: float, beta: float) -> float | None:
@@ -231,33 +370,166 @@ def regime_size(scheme: str, k: int, alpha: float, beta: float) -> float | None:
 # Published hardware figures, and the predictions made from them
 # ------------------------------------------------------------------------------------------
 
+# The collectives the book prices, each as NCCL's ring runs it on a buffer of n bytes (n: the
+# whole, unsharded buffer; a reduce-scatter leaves n/k on each device, an all-gather starts from
+# n/k on each).  Steps and bytes on each link per byte of n:
+COLLECTIVES = ("all-reduce", "reduce-scatter", "all-gather")
+
+
+def collective_coefficients(op: str, k: int) -> tuple[float, float]:
+    """``(a, b)`` of the ring ``op`` on k devices: all-reduce ``(2(k-1), 2(k-1)/k)``,
+    reduce-scatter and all-gather ``(k-1, (k-1)/k)`` each (an all-reduce is one of each)."""
+    if k < 1:
+        raise ValueError(f"need at least one device, got k={k}")
+    if op == "all-reduce":
+        return coefficients("ring", k)
+    if op in ("reduce-scatter", "all-gather"):
+        return float(k - 1), (k - 1) / k
+    raise ValueError(f"unknown collective {op!r}; one of {COLLECTIVES}")
+
+
+def collective_model_time(op: str, n_bytes, k: int, alpha: float, beta: float):
+    """The alpha-beta time of the ring ``op``: ``a*alpha + b*n*beta``, e.g. with a fitted
+    alpha and beta; reduce-scatter and all-gather ``(k-1)*alpha + (k-1)/k*n*beta`` each."""
+    a, b = collective_coefficients(op, k)
+    return a * alpha + b * np.asarray(n_bytes, dtype=float) * beta
+
+
+# ------------------------------------------------------------------------------------------
+# NCCL's own cost model (src/graph/tuning.cc), read in NCCL 2.28.9 -- the NCCL of the PyTorch
+# 2.11 that measured the H100 step -- where the defaults are the struct
+# ncclTunerConstantsDefaults, fields .baseLatencies[algorithm][protocol] and
+# .hwLatencies[NVLINK|PCI|NET][algorithm][protocol], in microseconds (the ring's rows are the
+# same in NCCL 2.21.5, where they are the arrays baseLat and hwLat, and in 2.30.7).  NCCL prices
+# a collective as  latency + bytes / bandwidth,  with the latency of a ring on one node
+#     baseLatencies[Ring][p] + nsteps * hwLatencies[NVLINK or PCI][Ring][p]
+# (nsteps = 2(k-1) for all-reduce, k-1 for reduce-scatter and all-gather), and across nodes with
+# one GPU each ("ppn == 1: latencies are fully exposed, use the Tree network latency")
+#     baseLatencies[Ring][p] + nsteps * hwLatencies[NET][Tree][p]
+# plus the network's own latency, which NCCL's InfiniBand transport reports as 0 ("Not set").
+# The protocol's bandwidth: LL moves 4 bytes of data per 8 (busBw * .5, and at most
+# .llMaxBws[row][N1 | N2 | N4], the row by GPU generation on one node, by CPU vendor across
+# nodes), LL128 120 of 128 (busBw * 0.92), Simple all of it.  Left out: LL128's per-channel cap
+# (perChMaxRingLL128Bws times the number of channels), the correction factors for trees, NVLS
+# and CollNet, and the measured bandwidth of each channel (we take the datasheet's link speed).
+# ------------------------------------------------------------------------------------------
+PROTOCOLS = ("LL", "LL128", "Simple")
+NCCL_VERSION_READ = "2.28.9"
+NCCL_SOURCE = (f"NCCL {NCCL_VERSION_READ}, src/graph/tuning.cc: ncclTunerConstantsDefaults "
+               ".baseLatencies and .hwLatencies (us)")
+NCCL_BASE_LATENCY_US = {                     # .baseLatencies, per protocol LL, LL128, Simple
+    "tree": (6.8, 14.0, 8.4),
+    "ring": (6.6, 14.0, 8.4),
+}
+NCCL_HW_LATENCY_US = {                       # .hwLatencies, per protocol LL, LL128, Simple
+    "NVLINK": {"tree": (0.6, 1.25, 4.0), "ring": (0.6, 1.9, 3.4)},
+    "PCI": {"tree": (1.0, 1.9, 4.0), "ring": (1.0, 2.5, 5.7)},
+    "NET": {"tree": (5.0, 8.5, 14.0), "ring": (2.7, 4.0, 14.0)},
+}
+NCCL_RING_EFFICIENCY = {"LL": 0.5, "LL128": 0.92, "Simple": 1.0}   # tuning.cc, "model refinements"
+NCCL_LL_MAX_BW = {                           # .llMaxBws rows, GB/s, for N1, N2, N4 (nodes)
+    "Ampere": (87.7, 22.5, 19.0), "Hopper": (141.0, 45.0, 35.0), "Intel CPU": (39.0, 39.0, 20.4),
+}
+
+
 @dataclass(frozen=True)
 class Link:
-    """A link between GPUs: bandwidth per direction per GPU (bytes/s) from its source, and
-    the per-message latency the predictions assume."""
+    """A link between GPUs: its bandwidth per direction per GPU (bytes/s) from its source, and
+    the row of NCCL's latency table it uses (``hw``: NVLINK, PCI, or NET for a ring with one GPU
+    per node)."""
     name: str
     bandwidth: float
     source: str
-    latency: float
-    latency_source: str
+    hw: str = "NVLINK"
     domain: int | None = None       # the most GPUs one such link joins (None: no such limit)
+    ll_max_bw: str | None = None    # the row of NCCL_LL_MAX_BW that caps LL (None: no cap)
+
+    def __post_init__(self):
+        if self.hw not in NCCL_HW_LATENCY_US:
+            raise ValueError(f"hw must be one of {tuple(NCCL_HW_LATENCY_US)}, got {self.hw!r}")
+        if self.ll_max_bw is not None and self.ll_max_bw not in NCCL_LL_MAX_BW:
+            raise ValueError(f"ll_max_bw must be one of {tuple(NCCL_LL_MAX_BW)} or None")
 
     @property
     def beta(self) -> float:
         return 1.0 / self.bandwidth
+
+    def hop_latency(self, protocol: str) -> float:
+        """Seconds NCCL adds per ring step on this link (its hwLatencies entry)."""
+        column = "tree" if self.hw == "NET" else "ring"   # one GPU per node: the NET tree column
+        return NCCL_HW_LATENCY_US[self.hw][column][PROTOCOLS.index(protocol)] * 1e-6
+
+    @property
+    def latency_source(self) -> str:
+        column = "Tree (one GPU per node)" if self.hw == "NET" else "Ring"
+        return (f"{NCCL_SOURCE}: baseLatencies[Ring] + steps x hwLatencies[{self.hw}]"
+                f"[{column}]")
+
+    @property
+    def protocols(self) -> tuple[str, ...]:
+        """The protocols NCCL enables on this link by default: LL128 only where the GPUs of a
+        node talk over NVLink (tuning.cc: ``pEnable &= (graphs[a]->typeIntra <= PATH_NVB)``),
+        so not between GPUs that share only PCIe."""
+        return ("LL", "Simple") if self.hw == "PCI" else PROTOCOLS
+
+    def protocol_bandwidth(self, protocol: str, k: int) -> float:
+        """Bytes/s NCCL's model gives the ring with ``protocol`` over this link on k GPUs (one
+        per node over the network): the link's bandwidth times the protocol's efficiency, LL
+        capped by llMaxBws."""
+        bw = self.bandwidth * NCCL_RING_EFFICIENCY[protocol]
+        if protocol == "LL" and self.ll_max_bw is not None:
+            nodes = k if self.hw == "NET" else 1
+            bw = min(bw, NCCL_LL_MAX_BW[self.ll_max_bw][min(nodes - 1, 2)] * 1e9)
+        return bw
+
+
+def nccl_latency(op: str, k: int, link: Link, protocol: str) -> float:
+    """NCCL's latency term of the ring ``op`` on k GPUs over ``link`` with ``protocol``
+    (seconds): the base latency plus one hop latency per step; 0 for k = 1."""
+    if k == 1:
+        return 0.0
+    a, _ = collective_coefficients(op, k)
+    return NCCL_BASE_LATENCY_US["ring"][PROTOCOLS.index(protocol)] * 1e-6 + a * link.hop_latency(protocol)
+
+
+def _ring_times(op: str, n_bytes, k: int, link: Link) -> np.ndarray:
+    """One row per protocol (:data:`PROTOCOLS`): NCCL's time for the ring ``op`` of
+    ``n_bytes`` (array); infinite for a protocol the link does not enable."""
+    _, b = collective_coefficients(op, k)
+    n = np.asarray(n_bytes, dtype=float)
+    return np.array([nccl_latency(op, k, link, p) + b * n / link.protocol_bandwidth(p, k)
+                     if p in link.protocols else np.full(n.shape, np.inf) for p in PROTOCOLS])
+
+
+def collective_time(op: str, n_bytes, k: int, link: Link, protocol: str | None = None):
+    """Predicted seconds of NCCL's ring ``op`` ("all-reduce", "reduce-scatter", "all-gather")
+    of a buffer of ``n_bytes`` (the whole buffer) on k GPUs over ``link``: NCCL's latency
+    (:func:`nccl_latency`) plus ``b(k) * n`` over the protocol's bandwidth
+    (:meth:`Link.protocol_bandwidth`).  ``protocol`` None: the fastest protocol the link
+    enables (:attr:`Link.protocols`), as NCCL picks by its own predicted time.  0 on one GPU.
+    ``n_bytes`` may be an array.  For this machine's fitted alpha and beta instead of NCCL's
+    figures, see :func:`collective_model_time`."""
+    if k == 1:
+        return 0.0 * np.asarray(n_bytes, dtype=float) if np.ndim(n_bytes) else 0.0
+    if protocol is not None and protocol not in link.protocols:
+        raise ValueError(f"NCCL does not enable {protocol} on {link.name} (it enables "
+                         f"{', '.join(link.protocols)})")
+    t = _ring_times(op, n_bytes, k, link)
+    out = t[PROTOCOLS.index(protocol)] if protocol is not None else t.min(axis=0)
+    return out if np.ndim(out) else float(out)
+
+
+def nccl_protocol(op: str, n_bytes: float, k: int, link: Link) -> str:
+    """The protocol NCCL's model finds fastest for this collective ("none" for k = 1)."""
+    if k == 1:
+        return "none"
+    return PROTOCOLS[int(np.argmin(_ring_times(op, float(n_bytes), k, link)))]
 
 
 def _pcie_x16(gigatransfers: float) -> float:
     """Bytes/s per direction of a PCIe x16 link with 128b/130b encoding (PCIe 3.0 and later)."""
     return gigatransfers * 1e9 * 16 * 128 / 130 / 8
 
-
-# Latency is not a datasheet figure: one step of NCCL's ring costs a few microseconds of
-# kernel launch and synchronisation.  The predictions assume this value and say so.
-ASSUMED_LATENCY = 5e-6
-_LAT = "assumption: about 5 us per ring step (NCCL kernel launch and flag synchronisation)"
-_LAT_IB = ("assumption: about 5 us per ring step; the adapter's own latency is below 1 us "
-           "(NVIDIA ConnectX-6/-7 product briefs), the software step dominates")
 
 # NVLink joins the GPUs of one server (an HGX board: 8 SXM GPUs on NVSwitch), and so does
 # PCIe; beyond 8 GPUs the ring crosses the network.
@@ -267,27 +539,27 @@ LINKS: dict[str, Link] = {
     "NVLink 4 (H100 SXM)": Link(
         "NVLink 4 (H100 SXM)", 900e9 / 2,
         "NVIDIA H100 Tensor Core GPU datasheet: NVLink 900 GB/s per GPU (both directions)",
-        ASSUMED_LATENCY, _LAT, NODE_GPUS),
+        "NVLINK", NODE_GPUS, "Hopper"),
     "NVLink 3 (A100 SXM)": Link(
         "NVLink 3 (A100 SXM)", 600e9 / 2,
         "NVIDIA A100 Tensor Core GPU datasheet: NVLink 600 GB/s per GPU (both directions)",
-        ASSUMED_LATENCY, _LAT, NODE_GPUS),
+        "NVLINK", NODE_GPUS, "Ampere"),
     "PCIe 5.0 x16": Link(
         "PCIe 5.0 x16", _pcie_x16(32),
         "PCI-SIG, PCI Express Base Specification 5.0: 32 GT/s per lane, 128b/130b encoding",
-        ASSUMED_LATENCY, _LAT, NODE_GPUS),
+        "PCI", NODE_GPUS),
     "PCIe 4.0 x16": Link(
         "PCIe 4.0 x16", _pcie_x16(16),
         "PCI-SIG, PCI Express Base Specification 4.0: 16 GT/s per lane, 128b/130b encoding",
-        ASSUMED_LATENCY, _LAT, NODE_GPUS),
+        "PCI", NODE_GPUS),
     "InfiniBand NDR": Link(
         "InfiniBand NDR", 400e9 / 8,
         "NVIDIA ConnectX-7 product brief: 400 Gb/s NDR InfiniBand per port",
-        ASSUMED_LATENCY, _LAT_IB),
+        "NET", None, "Intel CPU"),
     "InfiniBand HDR": Link(
         "InfiniBand HDR", 200e9 / 8,
         "NVIDIA ConnectX-6 product brief: 200 Gb/s HDR InfiniBand per port",
-        ASSUMED_LATENCY, _LAT_IB),
+        "NET", None, "Intel CPU"),
 }
 
 
@@ -348,24 +620,59 @@ def compute_time(forward_flops: float, batch: int, gpu: Gpu, utilization: float)
     return 3.0 * forward_flops * batch / (gpu.fp32_flops * utilization)
 
 
+# PyTorch DDP's default bucket: bucket_cap_mb=25 (MiB).  Paddle's DataParallel also
+# defaults to comm_buffer_size=25 (MB).
+DDP_BUCKET_BYTES = 25 * 2**20
+
+
+def bucket_sizes(n_bytes: float, bucket_bytes: float) -> list[float]:
+    """The buckets a gradient of ``n_bytes`` travels in, in the order they fill up during
+    backward: full buckets of ``bucket_bytes``, the remainder last (it holds the first layers,
+    whose gradients backward computes last)."""
+    if n_bytes <= 0:
+        return []
+    full = max(0, math.ceil(n_bytes / bucket_bytes) - 1)
+    return [float(bucket_bytes)] * full + [n_bytes - full * bucket_bytes]
+
+
 def predict_step(compute_s: float, n_bytes: float, k: int, link: Link, *,
-                 overlap: bool, scheme: str = "ring", backward_share: float = 2 / 3) -> dict:
+                 overlap: bool, bucket_bytes: float = DDP_BUCKET_BYTES,
+                 backward_share: float = 2 / 3, protocol: str | None = None) -> dict:
     """The model's prediction for one step of data-parallel training with a fixed global batch.
 
-    One device computes the step in ``compute_s``; k devices compute ``compute_s / k`` each
-    and all-reduce ``n_bytes`` of gradients with the link's alpha and beta.  Without overlap
-    the all-reduce follows the backward pass; with overlap it can hide behind the backward
-    pass (``backward_share`` of the compute), never behind the forward pass.
-    Returns ``{"compute_s", "comm_s", "step_s", "speedup"}`` (speed-up over one device).
+    One device computes the step in ``compute_s``; k devices compute ``compute_s / k`` each and
+    all-reduce ``n_bytes`` of gradients (:func:`collective_time` over ``link``).
+
+    - ``overlap=False``: one all-reduce after backward, ``step = compute/k + t(n)``.
+    - ``overlap=True``: buckets (:func:`bucket_sizes`) all-reduced one after another on one
+      communication stream, each as soon as backward has produced its gradients (assumed at an
+      even rate in bytes over the backward pass, ``backward_share`` of the compute) and the
+      previous bucket's all-reduce is done.  Nothing hides behind the forward pass, and the last
+      bucket's all-reduce cannot start before backward ends: at least ``t(last bucket)`` stays
+      exposed, and with one bucket (``bucket_bytes >= n_bytes``) nothing hides at all.
+
+    Returns ``{"compute_s", "comm_s" (one all-reduce of all n bytes), "exposed_s" (the step's
+    time beyond compute), "step_s", "speedup" (over one device), "protocol", "buckets"}``.
     """
     per_device = compute_s / k
-    comm = float(model_time(scheme, n_bytes, k, link.latency, link.beta))
-    if overlap:
-        step = per_device * (1 - backward_share) + max(per_device * backward_share, comm)
-    else:
+    comm = collective_time("all-reduce", n_bytes, k, link, protocol)
+    buckets = bucket_sizes(n_bytes, bucket_bytes) if overlap else [n_bytes]
+    if k == 1:
+        step = per_device
+    elif not overlap:
         step = per_device + comm
-    return {"compute_s": per_device, "comm_s": comm, "step_s": step,
-            "speedup": compute_s / step}
+    else:
+        forward, backward = per_device * (1 - backward_share), per_device * backward_share
+        free, filled = 0.0, 0.0          # when the stream is free; gradient bytes produced
+        for size in buckets:
+            filled += size
+            ready = forward + backward * filled / n_bytes
+            free = max(ready, free) + collective_time("all-reduce", size, k, link, protocol)
+        step = max(free, per_device)
+    return {"compute_s": per_device, "comm_s": comm, "exposed_s": step - per_device,
+            "step_s": step, "speedup": compute_s / step,
+            "protocol": nccl_protocol("all-reduce", n_bytes, k, link) if protocol is None else protocol,
+            "buckets": len(buckets)}
 
 
 # A GPU given only a few images is mostly idle, and the step time stops shrinking with its share
@@ -385,16 +692,88 @@ def device_limit(global_batch: int, link: Link, min_per_gpu: int = MIN_PER_GPU_B
 
 
 def best_speedup(compute_s: float, n_bytes: float, link: Link, *, overlap: bool, max_k: int,
-                 scheme: str = "ring") -> tuple[int, float]:
+                 **kw) -> tuple[int, float]:
     """The largest speed-up the model allows over k = 1..max_k devices, and the k reaching it:
     compute shrinks as 1/k while the all-reduce does not (its latency term even grows).
     ``max_k`` is the caller's bound (see :func:`device_limit`): the model itself would divide
-    a batch among more GPUs than it has images, over one link however many GPUs it joins."""
+    a batch among more GPUs than it has images, over one link however many GPUs it joins.
+    Further keywords go to :func:`predict_step`."""
     best = max(range(1, max_k + 1),
                key=lambda k: predict_step(compute_s, n_bytes, k, link, overlap=overlap,
-                                          scheme=scheme)["speedup"])
-    return best, predict_step(compute_s, n_bytes, best, link, overlap=overlap,
-                              scheme=scheme)["speedup"]
+                                          **kw)["speedup"])
+    return best, predict_step(compute_s, n_bytes, best, link, overlap=overlap, **kw)["speedup"]
+
+
+def critical_batch(seconds_per_image: float, n_bytes: float, k: int, link: Link) -> float:
+    """The per-GPU batch at which one GPU's compute takes as long as the gradient all-reduce on
+    k GPUs: ``t_allreduce / seconds_per_image``.  Below it a step without overlap spends more
+    time communicating than computing (communication-bound); above it, compute-bound.  Assumes,
+    like :meth:`MeasuredStep.compute_time`, a step time linear in the batch.  0 for k = 1."""
+    if seconds_per_image <= 0:
+        raise ValueError("need a positive time per image")
+    return collective_time("all-reduce", n_bytes, k, link) / seconds_per_image
+
+
+def plot_roofline(steps: dict[str, "StepTime"], batch: int, n_bytes: float,
+                  links: Iterable[Link], *, k: int = NODE_GPUS, global_batch: int = 256,
+                  weak_batch: int = MIN_PER_GPU_BATCH, max_k: int = 64,
+                  title: str = ""):
+    """Two panels made from the measured step times (``steps``, at ``batch`` images) and the
+    links.  Left: one GPU's compute per step against its per-GPU batch (lines rising with the
+    batch), the all-reduce of ``n_bytes`` on k GPUs over each link (flat lines), and where they
+    cross (:func:`critical_batch`).  Right: predicted speed-up against k without overlap, strong
+    scaling (``global_batch`` split over k, up to :func:`device_limit`) and weak scaling
+    (``weak_batch`` images per GPU, global batch growing with k; up to the link's domain or
+    ``max_k``), for the first step time.  Returns the matplotlib figure."""
+    import matplotlib.pyplot as plt
+    links = list(links)
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10.5, 3.8))
+    per_image = {label: s.seconds / batch for label, s in steps.items()}
+    b = np.geomspace(1, 2048, 100)
+    for j, (label, t) in enumerate(per_image.items()):
+        ax.plot(b, b * t * 1e3, "-", color=f"C{j}", lw=1.5, label=f"compute, {label}")
+    for i, link in enumerate(links):
+        c = collective_time("all-reduce", n_bytes, k, link)
+        ax.axhline(c * 1e3, color="0.3", ls=(0, (1 + 2 * i, 2)), lw=1,
+                   label=f"all-reduce, {k} GPUs, {link.name}")
+        for j, t in enumerate(per_image.values()):
+            bc = critical_batch(t, n_bytes, k, link)
+            ax.plot([bc], [c * 1e3], "o", color=f"C{j}", ms=4)
+    ax.axvline(global_batch / k, color="lightgray", lw=3, zorder=0,
+               label=f"{global_batch} images on {k} GPUs")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("images per GPU")
+    ax.set_ylabel("time per step (ms)")
+    ax.set_title("left of a dot: communication-bound; right: compute-bound", fontsize=9)
+    ax.legend(fontsize=6, loc="upper left")
+    t = next(iter(per_image.values()))
+    for i, link in enumerate(links):
+        strong_k = np.arange(1, device_limit(global_batch, link) + 1)
+        strong = [predict_step(global_batch * t, n_bytes, int(j), link, overlap=False)["speedup"]
+                  for j in strong_k]
+        weak_k = np.arange(1, (link.domain or max_k) + 1)
+        weak = [predict_step(int(j) * weak_batch * t, n_bytes, int(j), link,
+                             overlap=False)["speedup"] for j in weak_k]
+        ax2.plot(strong_k, strong, "-o", color=f"C{i + 2}", ms=3, lw=1.2,
+                 label=f"strong ({global_batch} in all), {link.name}")
+        ax2.plot(weak_k, weak, ":", color=f"C{i + 2}", lw=1.5,
+                 label=f"weak ({weak_batch} per GPU), {link.name}")
+    ks = np.arange(1, max_k + 1)
+    ax2.plot(ks, ks, "-", color="lightgray", lw=3, zorder=0, label="ideal (k)")
+    from matplotlib.ticker import FuncFormatter
+    ax2.set_xscale("log", base=2)
+    ax2.set_yscale("log", base=2)
+    for axis in (ax2.xaxis, ax2.yaxis):
+        axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax2.set_xlabel("GPUs k")
+    ax2.set_ylabel("predicted speed-up (throughput)")
+    ax2.set_title(f"strong and weak scaling, {next(iter(steps))}", fontsize=9)
+    ax2.legend(fontsize=6, loc="upper left")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
 
 
 # ------------------------------------------------------------------------------------------
@@ -543,13 +922,15 @@ def speedup_rows(steps: dict[str, StepTime], n_bytes: float, links: Iterable[Lin
 
 
 def speedup_table(rows: list[dict], k: int) -> str:
-    """A Markdown table of :func:`speedup_rows`: step per GPU, all-reduce, speed-ups."""
-    lines = [f"| one-GPU step | link | k={k}: compute per GPU | all-reduce | speed-up, after "
-             "backward | speed-up, overlapped |", "|---|---|---|---|---|---|"]
+    """A Markdown table of :func:`speedup_rows`: step per GPU, all-reduce (and the protocol
+    NCCL's model picks), what overlap leaves exposed, speed-ups (2 significant figures)."""
+    lines = [f"| one-GPU step | link | k={k}: compute per GPU | all-reduce | exposed, overlapped "
+             "| speed-up, after backward | speed-up, overlapped |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         a, o = r["after"], r["overlapped"]
-        lines.append(f"| {r['step']} | {r['link']} | {a['compute_s'] * 1e3:.2f} ms | "
-                     f"{a['comm_s'] * 1e3:.2f} ms | {a['speedup']:.1f}x | {o['speedup']:.1f}x |")
+        lines.append(f"| {r['step']} | {r['link']} | {fmt_seconds(a['compute_s'])} | "
+                     f"{fmt_seconds(a['comm_s'])} ({a['protocol']}) | {fmt_seconds(o['exposed_s'])} | "
+                     f"{sig(a['speedup'])}x | {sig(o['speedup'])}x |")
     return "\n".join(lines)
 
 
@@ -588,73 +969,168 @@ def plot_speedups(steps: dict[str, StepTime], n_bytes: float, links: Iterable[Li
 
 def hidden_fraction(t_overlapped: float, t_after: float, t_compute: float) -> float:
     """How much of the communication hides behind computation: the time saved by overlapping,
-    over the communication time that all-reduce-after-backward exposes (clipped to [0, 1])."""
+    over the communication time that all-reduce-after-backward exposes (clipped to [0, 1]).
+    A formula on three times; :func:`overlap_verdict` says whether the measurement shows one."""
     exposed = t_after - t_compute
     if exposed <= 0:
         return 0.0
     return float(min(1.0, max(0.0, (t_after - t_overlapped) / exposed)))
 
 
+def clearly_greater(a: Iterable[float], b: Iterable[float]) -> bool:
+    """Whether the repeats ``a`` are slower than ``b`` beyond their spread: the lower quartile
+    of ``a`` above the upper quartile of ``b`` (their interquartile ranges do not overlap)."""
+    a, b = list(a), list(b)
+    return float(np.percentile(a, 25)) > float(np.percentile(b, 75))
+
+
+def overlap_verdict(overlapped: Iterable[float], after: Iterable[float],
+                    compute: Iterable[float], *, can_overlap: bool = True
+                    ) -> tuple[float | None, str]:
+    """What repeated step times show about overlap: ``(hidden share or None, verdict)``.
+
+    An effect counts only when it exceeds the measured spread (:func:`clearly_greater`):
+    all-reduce after backward must be clearly slower than compute alone (else nothing to hide
+    was measured), and a variant clearly faster than after-backward hides
+    :func:`hidden_fraction` of it (all of it when it is not clearly slower than compute
+    alone).  A variant that cannot overlap by construction (``can_overlap=False``: one bucket
+    whose all-reduce starts after backward) is a control: a difference there is a difference
+    of code paths, not hidden communication.  Otherwise: "within noise"."""
+    o, a, c = list(overlapped), list(after), list(compute)
+    med = statistics.median
+    if clearly_greater(c, o):
+        return None, "faster than compute alone beyond the spread: a different code path, not overlap"
+    if clearly_greater(o, a):
+        return 0.0, "slower than all-reduce after backward, beyond the spread"
+    if not clearly_greater(a, c):
+        return None, "within noise (after backward is not measurably slower than compute alone)"
+    if not clearly_greater(a, o):
+        return 0.0, "hides nothing measurable (within noise of after backward)"
+    if not can_overlap:
+        return None, "faster than after backward, but cannot overlap: a code-path difference"
+    if not clearly_greater(o, c):
+        return 1.0, "hides all of it (within noise of compute alone)"
+    return hidden_fraction(med(o), med(a), med(c)), \
+        f"hides about {sig(100 * hidden_fraction(med(o), med(a), med(c)), 1)}% of it"
+
+
+def overlap_report(times: dict[str, list[float]], compute: str, after: str,
+                   overlapped: dict[str, bool]) -> list[str]:
+    """One line per variant: median and interquartile range of its repeats (ms, 2 significant
+    figures) and, for each variant in ``overlapped`` (name -> whether it can overlap),
+    :func:`overlap_verdict` against ``after`` and ``compute``."""
+    width = max(len(n) for n in times)
+    lines = []
+    for name, t in times.items():
+        q = np.percentile(t, [25, 75])
+        line = (f"  {name:<{width}}  {sig(statistics.median(t) * 1e3):>6} ms "
+                f"[{sig(q[0] * 1e3)}-{sig(q[1] * 1e3)}]")
+        if name in overlapped:
+            line += "  " + overlap_verdict(t, times[after], times[compute],
+                                           can_overlap=overlapped[name])[1]
+        lines.append(line)
+    return lines
+
+
 # ------------------------------------------------------------------------------------------
 # Results file and the printed summary
 # ------------------------------------------------------------------------------------------
 
+def _fit_dict(f: Fit) -> dict:
+    return {"scheme": f.scheme, "alpha": f.alpha, "beta": f.beta,
+            "median_rel_error": f.median_rel_error, "max_rel_error": f.max_rel_error,
+            "points": f.points}
+
+
 def record(path, *, framework: str, api: str, devices: int, profile: str,
-           fits: dict[str, Fit], rows: dict[str, list[dict]], **extra) -> dict | None:
+           fits: dict[str, Fit], rows: dict[str, list[dict]],
+           per_k: dict[str, dict[int, Fit]] | None = None, **extra) -> dict | None:
     """Record a framework's sweep and fits in the chapter's results file (with hardware and
-    versions, via :func:`d2lmini.results.record_result`); nothing under the smoke profile."""
+    versions, via :func:`d2lmini.results.record_result`); nothing under the smoke profile.
+    ``fits``: one fit over all device counts per measurement; ``per_k``: the fits per device
+    count (:func:`fit_per_k`), stored as ``fits_per_k[name][str(k)]``."""
     if profile == "smoke":
         return None
     from .results import record_result
+    if per_k is not None:
+        extra["fits_per_k"] = {name: {str(k): _fit_dict(f) for k, f in fk.items()}
+                               for name, fk in per_k.items()}
     return record_result(
         path, chapter="comm", framework=framework, api=api, devices=devices, profile=profile,
-        batch_size=0,
-        fits={name: {"scheme": f.scheme, "alpha": f.alpha, "beta": f.beta,
-                     "median_rel_error": f.median_rel_error, "max_rel_error": f.max_rel_error,
-                     "points": f.points} for name, f in fits.items()},
-        rows=rows, **extra)
+        batch_size=0, fits={name: _fit_dict(f) for name, f in fits.items()}, rows=rows, **extra)
 
 
 def report(name: str, f: Fit) -> str:
-    """One line: the fitted alpha and beta, the bandwidth and the fit error."""
-    return (f"{name:<28} alpha = {f.alpha * 1e6:8.2f} us   beta = {f.beta * 1e9:7.4f} ns/B "
-            f"({f.bandwidth / 1e9:6.2f} GB/s)   fit error: median {f.median_rel_error:5.1%}, "
-            f"max {f.max_rel_error:6.1%} ({f.points} points)")
+    """One line: the fitted alpha and beta, the bandwidth and the fit error, each to two
+    significant figures (the fits are not more precise than that)."""
+    return (f"{name:<28} alpha {fmt_seconds(f.alpha):>7}, beta {sig(f.beta * 1e9):>5} ns/B "
+            f"({sig(f.bandwidth / 1e9)} GB/s); fit error: median {sig(100 * f.median_rel_error)}%, "
+            f"max {sig(100 * f.max_rel_error)}% ({f.points} points)")
 
 
 def table(rows: list[dict]) -> str:
     """A Markdown table of sweep rows: k, size, median and spread in microseconds."""
     lines = ["| k | bytes | median (us) | p25-p75 (us) | min-max (us) |", "|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['k']} | {r['bytes']:,} | {r['median'] * 1e6:.1f} | "
-                     f"{r['p25'] * 1e6:.1f}-{r['p75'] * 1e6:.1f} | "
-                     f"{r['min'] * 1e6:.1f}-{r['max'] * 1e6:.1f} |")
+        lines.append(f"| {r['k']} | {r['bytes']:,} | {r['median'] * 1e6:,.0f} | "
+                     f"{r['p25'] * 1e6:,.0f}-{r['p75'] * 1e6:,.0f} | "
+                     f"{r['min'] * 1e6:,.0f}-{r['max'] * 1e6:,.0f} |")
     return "\n".join(lines)
 
 
-def plot_fits(measured: dict[str, list[dict]], fits: dict[str, Fit], title: str = ""):
-    """Measured medians (points, with the p25-p75 spread) and the fitted model (lines), one
-    panel per measurement, log-log; returns the matplotlib figure (shown as a PNG)."""
+def plot_fits(measured: dict[str, list[dict]], fits: dict[str, Fit | dict[int, Fit]],
+              title: str = ""):
+    """All-reduce time against message size, log-log, one panel per measurement: the measured
+    medians (points, with the p25-p75 spread), the fitted model (lines; a ``Fit`` for all k, or
+    ``{k: Fit}`` per device count, e.g. :func:`fit_per_k`), and the two regimes: a diamond on
+    each line at n_1/2 (:func:`regime_size`), latency-bound to its left, bandwidth-bound to its
+    right.  Returns the matplotlib figure (shown as a PNG)."""
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
     names = list(measured)
-    fig, axes = plt.subplots(1, len(names), figsize=(3.6 * len(names), 3.2), squeeze=False,
+    fig, axes = plt.subplots(1, len(names), figsize=(3.7 * len(names), 3.4), squeeze=False,
                              sharey=True)
     for ax, name in zip(axes[0], names):
-        rows, f = measured[name], fits[name]
+        rows, fk = measured[name], fits[name]
+        halves = []
         for j, k in enumerate(sorted({r["k"] for r in rows})):
+            f = fk[k] if isinstance(fk, dict) else fk
             rk = [r for r in rows if r["k"] == k]
             n = np.array([r["bytes"] for r in rk], dtype=float)
             med = np.array([r["median"] for r in rk])
             err = [med - [r["p25"] for r in rk], [r["p75"] for r in rk] - med]
             ax.errorbar(n, med, yerr=err, fmt="o", ms=3, color=f"C{j}", label=f"k = {k}")
-            grid = np.geomspace(n.min(), n.max(), 50)
+            grid = np.geomspace(n.min(), n.max(), 60)
             ax.plot(grid, f.predict(grid, k), "-", color=f"C{j}", lw=1)
+            half = regime_size(f.scheme, k, f.alpha, f.beta)
+            if half is not None and n.min() <= half <= n.max():
+                ax.plot([half], [float(f.predict(half, k))], "D", mfc="white", mec=f"C{j}",
+                        ms=6, mew=1.5)
+                halves.append(half)
         ax.set_xscale("log")
         ax.set_yscale("log")
+        lowest = min(min(r["median"], r["p25"]) for r in rows)
+        if lowest > 0:                     # room below the points for the regime labels
+            ax.set_ylim(bottom=min(ax.get_ylim()[0], lowest / 6))
+        if halves:                         # shade the latency-bound side of the median n_1/2
+            lo, hi = ax.get_xlim()
+            mid = float(np.median(halves))
+            f = math.log(mid / lo) / math.log(hi / lo)
+            ax.axvspan(lo, mid, color="0.5", alpha=0.07, lw=0)
+            ax.set_xlim(lo, hi)
+            ax.text(f / 2, 0.03, "latency-bound", transform=ax.transAxes, ha="center",
+                    fontsize=7, color="0.3")
+            right = (1 + f) / 2 if 1 - f > 0.3 else 0.99
+            ax.text(right, 0.03, "bandwidth-bound", transform=ax.transAxes,
+                    ha="center" if 1 - f > 0.3 else "right", fontsize=7, color="0.3")
         ax.set_xlabel("message size (bytes)")
-        ax.set_title(f"{name} ({f.scheme} model)", fontsize=9)
+        ax.set_title(f"{name} ({(fk[min(fk)] if isinstance(fk, dict) else fk).scheme} model)",
+                     fontsize=9)
     axes[0][0].set_ylabel("all-reduce time (s)")
-    axes[0][0].legend(fontsize=7)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    handles.append(Line2D([], [], marker="D", ls="", mfc="white", mec="k", ms=5))
+    labels.append("n1/2: latency term = bandwidth term")
+    axes[0][0].legend(handles, labels, fontsize=6.5, loc="upper left")
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()

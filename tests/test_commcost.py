@@ -12,12 +12,39 @@ def test_coefficients_count_steps_and_bytes_of_each_scheme():
     assert cc.coefficients("naive", 4) == (6.0, 6.0)
     assert cc.coefficients("tree", 8) == (6.0, 6.0)
     assert cc.coefficients("tree", 5) == (6.0, 6.0)      # ceil(log2 5) = 3
+    assert cc.coefficients("rabenseifner", 8) == (6.0, 1.75)  # the ring's bytes, 2 log2 k steps
+    with pytest.raises(ValueError, match="power of two"):
+        cc.coefficients("rabenseifner", 6)
     for s in cc.SCHEMES:
         assert cc.coefficients(s, 1) == (0.0, 0.0)        # one device: nothing to send
     with pytest.raises(ValueError, match="unknown scheme"):
         cc.coefficients("star", 4)
     with pytest.raises(ValueError, match="at least one device"):
         cc.coefficients("ring", 0)
+
+
+def test_ring_and_binomial_tree_take_equal_steps_up_to_three_devices():
+    """For k = 2 and 3 the ring has no more steps than the binomial tree (4 and 4 at k = 3),
+    and fewer bytes: it is never slower.  From k = 4 on it has more steps."""
+    for k in (2, 3):
+        (ar, br), (at, bt) = cc.coefficients("ring", k), cc.coefficients("tree", k)
+        assert ar == at and br < bt
+        assert cc.crossover("ring", "tree", k, 1e-5, 1e-9) is None
+    assert cc.coefficients("ring", 3)[0] == cc.coefficients("tree", 3)[0] == 4
+    for k in (4, 5, 8, 16):
+        assert cc.coefficients("ring", k)[0] > cc.coefficients("tree", k)[0]
+
+
+def test_rabenseifner_moves_the_rings_bytes_in_fewer_steps():
+    """The byte term 2(k-1)/k n is the lower bound: recursive halving-doubling reaches it too,
+    in 2 log2 k steps, so in this model it is never slower than the ring (for k = 2^d)."""
+    for k in (2, 4, 8, 16, 64):
+        (ar, br), (ah, bh) = cc.coefficients("ring", k), cc.coefficients("rabenseifner", k)
+        assert bh == br and ah == 2 * math.log2(k) and ah <= ar
+        assert cc.crossover("ring", "rabenseifner", k, 1e-5, 1e-9) is None     # same slope
+        assert cc.model_time("rabenseifner", 1e6, k, 1e-5, 1e-9) <= cc.model_time("ring", 1e6, k, 1e-5, 1e-9)
+    for s in cc.SCHEMES:                     # every scheme sends 2(k-1) n bytes in total
+        assert cc.moved_bytes(s, 8, 100) == 1400
 
 
 def test_the_ring_moves_what_the_schedule_says():
@@ -130,8 +157,11 @@ def test_regime_size_is_where_latency_equals_bandwidth_term():
 
 def test_links_carry_sources_and_pcie_is_computed_from_its_transfer_rate():
     for name, link in cc.LINKS.items():
-        assert link.name == name and link.source and link.latency_source
+        assert link.name == name and link.source and "tuning.cc" in link.latency_source
+        assert cc.NCCL_VERSION_READ in link.latency_source
         assert link.bandwidth > 1e9 and link.beta == pytest.approx(1 / link.bandwidth)
+    with pytest.raises(ValueError, match="hw must be"):
+        cc.Link("x", 1e9, "made up", "USB")
     assert cc.LINKS["PCIe 5.0 x16"].bandwidth == pytest.approx(2 * cc.LINKS["PCIe 4.0 x16"].bandwidth)
     assert 31e9 < cc.LINKS["PCIe 4.0 x16"].bandwidth < 32e9
     assert cc.LINKS["NVLink 4 (H100 SXM)"].bandwidth > cc.LINKS["PCIe 5.0 x16"].bandwidth
@@ -150,18 +180,93 @@ def test_model_sizes_and_flops():
     assert cc.compute_time(1e9, 10, gpu, 0.5) == pytest.approx(3e10 / (gpu.fp32_flops * 0.5))
 
 
+def test_nccl_latency_is_the_tuning_tables_base_plus_one_hop_per_step():
+    """NCCL 2.28.9 src/graph/tuning.cc, ncclTunerConstantsDefaults: ring all-reduce on one node
+    = baseLatencies[Ring][p] + 2(k-1) * hwLatencies[NVLINK][Ring][p] (us)."""
+    nv, pcie, ib = (cc.LINKS[n] for n in ("NVLink 4 (H100 SXM)", "PCIe 5.0 x16", "InfiniBand NDR"))
+    us = lambda t: t * 1e6
+    assert us(cc.nccl_latency("all-reduce", 8, nv, "LL")) == pytest.approx(6.6 + 14 * 0.6)
+    assert us(cc.nccl_latency("all-reduce", 8, nv, "LL128")) == pytest.approx(14.0 + 14 * 1.9)
+    assert us(cc.nccl_latency("all-reduce", 8, nv, "Simple")) == pytest.approx(8.4 + 14 * 3.4)
+    assert us(cc.nccl_latency("all-reduce", 8, pcie, "Simple")) == pytest.approx(8.4 + 14 * 5.7)
+    # across nodes, one GPU each: the network row's Tree column ("latencies fully exposed")
+    assert us(cc.nccl_latency("all-reduce", 4, ib, "Simple")) == pytest.approx(8.4 + 6 * 14.0)
+    assert us(cc.nccl_latency("all-reduce", 4, ib, "LL")) == pytest.approx(6.6 + 6 * 5.0)
+    # reduce-scatter and all-gather: k - 1 steps
+    assert us(cc.nccl_latency("reduce-scatter", 8, nv, "LL")) == pytest.approx(6.6 + 7 * 0.6)
+    assert cc.nccl_latency("all-reduce", 1, nv, "LL") == 0.0
+    assert cc.NCCL_BASE_LATENCY_US["ring"] == (6.6, 14.0, 8.4)
+    assert cc.NCCL_HW_LATENCY_US["NVLINK"]["ring"] == (0.6, 1.9, 3.4)
+
+
+def test_collective_time_picks_the_fastest_protocol_by_size():
+    nv = cc.LINKS["NVLink 4 (H100 SXM)"]
+    small, big = 4096, 1 << 30
+    assert cc.nccl_protocol("all-reduce", small, 8, nv) == "LL"            # latency-bound
+    assert cc.nccl_protocol("all-reduce", big, 8, nv) == "Simple"          # bandwidth-bound
+    for n in (small, 1 << 20, big):
+        t = cc.collective_time("all-reduce", n, 8, nv)
+        assert t == min(cc.collective_time("all-reduce", n, 8, nv, p) for p in cc.PROTOCOLS)
+    # small messages: NCCL's base + hops, far below the old 5 us x 14 steps = 70 us
+    assert cc.collective_time("all-reduce", small, 8, nv) < 20e-6
+    # large messages: the ring's bytes over the link, latency negligible
+    assert cc.collective_time("all-reduce", big, 8, nv) == pytest.approx(1.75 * big / nv.bandwidth, rel=0.02)
+    # LL carries 4 data bytes in 8 and is capped by llMaxBws (Hopper, one node: 141 GB/s)
+    assert nv.protocol_bandwidth("LL", 8) == 141e9 and nv.protocol_bandwidth("Simple", 8) == nv.bandwidth
+    assert nv.protocol_bandwidth("LL128", 8) == pytest.approx(0.92 * nv.bandwidth)
+    # PCIe-only nodes get no LL128 (tuning.cc enables it up to PATH_NVB)
+    pcie = cc.LINKS["PCIe 4.0 x16"]
+    assert pcie.protocols == ("LL", "Simple")
+    assert all(cc.nccl_protocol("all-reduce", n, 8, pcie) != "LL128" for n in (64, 1 << 20, 1 << 28))
+    with pytest.raises(ValueError, match="does not enable LL128"):
+        cc.collective_time("all-reduce", 1 << 20, 8, pcie, "LL128")
+    arr = cc.collective_time("all-gather", np.array([small, big]), 4, nv)
+    assert arr.shape == (2,) and arr[0] < arr[1]
+    assert cc.collective_time("all-reduce", big, 1, nv) == 0.0
+
+
+def test_reduce_scatter_and_all_gather_make_an_all_reduce():
+    """(k-1) alpha + (k-1)/k n beta each; together the all-reduce's 2(k-1) steps and bytes."""
+    for k in (2, 3, 8):
+        rs, ag, ar = (cc.collective_coefficients(op, k)
+                      for op in ("reduce-scatter", "all-gather", "all-reduce"))
+        assert cc.collective_coefficients("reduce-scatter", k) == (k - 1, (k - 1) / k)
+        assert cc.collective_coefficients("all-gather", k) == (k - 1, (k - 1) / k)
+        assert ar == (rs[0] + ag[0], rs[1] + ag[1])
+        alpha, beta, n = 1e-5, 1e-9, 1e8
+        assert cc.collective_model_time("reduce-scatter", n, k, alpha, beta) == pytest.approx(
+            (k - 1) * alpha + (k - 1) / k * n * beta)
+        assert cc.collective_model_time("all-reduce", n, k, alpha, beta) == pytest.approx(
+            2 * cc.collective_model_time("all-gather", n, k, alpha, beta))
+    nv = cc.LINKS["NVLink 4 (H100 SXM)"]
+    n = 1 << 28
+    both = sum(cc.collective_time(op, n, 8, nv, "Simple") for op in ("reduce-scatter", "all-gather"))
+    base = cc.NCCL_BASE_LATENCY_US["ring"][2] * 1e-6
+    assert both == pytest.approx(cc.collective_time("all-reduce", n, 8, nv, "Simple") + base)
+    with pytest.raises(ValueError, match="unknown collective"):
+        cc.collective_time("all-to-all", n, 8, nv)
+
+
 def test_predicted_step_overlap_and_best_speedup():
-    link = cc.Link("test", 1e9, "made up", 1e-5, "made up")
+    link = cc.Link("test", 1e9, "made up", "PCI")
+    ar = lambda n, k: cc.collective_time("all-reduce", n, k, link)
     p1 = cc.predict_step(1.0, 1e6, 1, link, overlap=False)
     assert p1["comm_s"] == 0 and p1["speedup"] == pytest.approx(1.0)
     no = cc.predict_step(0.1, 1e8, 4, link, overlap=False)
-    yes = cc.predict_step(0.1, 1e8, 4, link, overlap=True)
-    assert no["comm_s"] == pytest.approx(6e-5 + 1.5 * 1e8 / 1e9)
+    yes = cc.predict_step(0.1, 1e8, 4, link, overlap=True, bucket_bytes=1e7)
+    assert no["comm_s"] == pytest.approx(ar(1e8, 4)) and no["buckets"] == 1
     assert no["step_s"] == pytest.approx(0.025 + no["comm_s"])
-    assert yes["step_s"] < no["step_s"] and yes["speedup"] > no["speedup"]
-    # communication much shorter than backward: overlap hides it completely
+    assert yes["step_s"] < no["step_s"] and yes["speedup"] > no["speedup"] and yes["buckets"] == 10
+    # the last bucket's all-reduce starts when backward ends: it is always exposed
+    assert yes["exposed_s"] >= ar(1e7, 4) - 1e-15
+    # communication much shorter than backward: only the (one) last bucket shows
     tiny = cc.predict_step(10.0, 8, 4, link, overlap=True)
-    assert tiny["step_s"] == pytest.approx(2.5)
+    assert tiny["step_s"] == pytest.approx(2.5 + ar(8, 4))
+    # one bucket as large as the gradient: overlap hides nothing
+    one = cc.predict_step(0.1, 1e8, 4, link, overlap=True, bucket_bytes=1e9)
+    assert one["step_s"] == pytest.approx(no["step_s"]) and one["buckets"] == 1
+    assert cc.bucket_sizes(60, 25) == [25, 25, 10] and cc.bucket_sizes(50, 25) == [25, 25]
+    assert cc.bucket_sizes(10, 25) == [10] and cc.bucket_sizes(0, 25) == []
     k, s = cc.best_speedup(1.0, 1e8, link, overlap=False, max_k=64)
     assert 2 <= k <= 64 and s == max(cc.predict_step(1.0, 1e8, j, link, overlap=False)["speedup"]
                                     for j in range(1, 65))
@@ -169,11 +274,93 @@ def test_predicted_step_overlap_and_best_speedup():
     assert cc.best_speedup(0.01, 1e8, link, overlap=False, max_k=64) == (1, 1.0)
 
 
+def test_critical_batch_is_where_compute_meets_the_all_reduce():
+    nv = cc.LINKS["NVLink 4 (H100 SXM)"]
+    per_image, n = 1e-4, 4e7
+    b = cc.critical_batch(per_image, n, 8, nv)
+    assert b * per_image == pytest.approx(cc.collective_time("all-reduce", n, 8, nv))
+    # at that per-GPU batch, k GPUs spend as long communicating as computing (no overlap)
+    p = cc.predict_step(8 * b * per_image, n, 8, nv, overlap=False)
+    assert p["comm_s"] == pytest.approx(p["compute_s"]) and p["speedup"] == pytest.approx(4.0)
+    assert cc.critical_batch(per_image, n, 1, nv) == 0.0
+    with pytest.raises(ValueError):
+        cc.critical_batch(0.0, n, 8, nv)
+    # a slower link needs larger batches per GPU
+    assert cc.critical_batch(per_image, n, 8, cc.LINKS["InfiniBand HDR"]) > b
+
+
 def test_hidden_fraction():
     assert cc.hidden_fraction(1.0, 2.0, 1.0) == 1.0
     assert cc.hidden_fraction(1.5, 2.0, 1.0) == pytest.approx(0.5)
     assert cc.hidden_fraction(2.5, 2.0, 1.0) == 0.0
     assert cc.hidden_fraction(1.0, 1.0, 1.2) == 0.0
+
+
+def test_overlap_is_reported_only_beyond_the_measured_spread():
+    compute = [1.00, 1.02, 0.98, 1.01, 0.99]
+    after = [2.00, 2.02, 1.98, 2.01, 1.99]
+    half = [1.50, 1.52, 1.48, 1.51, 1.49]
+    assert cc.clearly_greater(after, compute) and not cc.clearly_greater(compute, compute)
+    share, text = cc.overlap_verdict(half, after, compute)
+    assert share == pytest.approx(0.5) and "50%" in text
+    assert cc.overlap_verdict([1.01, 1.0, 0.99, 1.02, 0.98], after, compute)[0] == 1.0
+    assert cc.overlap_verdict(after, after, compute) == (0.0, "hides nothing measurable (within noise of after backward)")
+    # noisy repeats: the medians differ, the spreads overlap -> no effect claimed
+    noisy_c = [0.8, 1.4, 1.0, 1.9, 0.9]
+    noisy_a = [1.1, 1.7, 0.9, 1.3, 2.0]
+    share, text = cc.overlap_verdict([0.9, 1.2, 1.6, 1.0, 1.1], noisy_a, noisy_c)
+    assert share is None and "within noise" in text
+    # a control that cannot overlap: a saving there is a code path, not hidden communication
+    share, text = cc.overlap_verdict(half, after, compute, can_overlap=False)
+    assert share is None and "cannot overlap" in text
+    # faster than compute alone beyond the spread: flagged, never "hides 100 %"
+    share, text = cc.overlap_verdict([0.5, 0.51, 0.49, 0.5, 0.5], after, compute)
+    assert share is None and "faster than compute alone" in text
+    assert "slower than all-reduce after backward" in cc.overlap_verdict([3.0] * 5, after, compute)[1]
+    lines = cc.overlap_report({"compute": compute, "after": after, "buckets": half},
+                              "compute", "after", {"buckets": True})
+    assert len(lines) == 3 and "hides about 50%" in lines[2] and "[" in lines[0]
+
+
+def test_page_faults_count_the_first_touch_of_fresh_memory():
+    t, faults = cc.time_and_faults(lambda: np.ones(1 << 24, dtype=np.uint8), warmup=1, repeats=3)
+    assert t > 0 and faults is not None and faults >= 0
+    reused = np.empty(1 << 24, dtype=np.uint8)
+    t2, faults2 = cc.time_and_faults(lambda: reused.fill(1), warmup=1, repeats=3)
+    assert faults2 <= faults                  # writing memory already touched: no new faults
+
+
+def test_time_interleaved_takes_one_call_of_each_per_round_in_turns():
+    order = []
+    times = cc.time_interleaved({"a": lambda: order.append("a"), "b": lambda: order.append("b")},
+                                warmup=1, repeats=3, before=lambda: order.append("|"))
+    assert order == ["a", "b"] + ["|", "a", "|", "b", "|", "b", "|", "a", "|", "a", "|", "b"]
+    assert list(times) == ["a", "b"] and all(len(t) == 3 for t in times.values())
+
+
+def test_fit_per_k_and_the_precision_of_what_is_printed():
+    alpha, beta = 2e-5, 1e-9
+    rows = [{"k": k, "bytes": n, "median": float(cc.model_time("ring", n, k, alpha * k, beta))}
+            for k in (2, 4) for n in cc.message_sizes(8, 1 << 24)]
+    per = cc.fit_per_k(rows, "ring")
+    assert list(per) == [2, 4]
+    assert per[4].alpha == pytest.approx(4 * alpha) and per[2].alpha == pytest.approx(2 * alpha)
+    assert cc.fit_rows(rows, "ring").median_rel_error > per[4].median_rel_error
+    assert cc.sig(737.4) == "740" and cc.sig(0.4812) == "0.48" and cc.sig(99.96) == "100"
+    assert cc.sig(12345) == "12,000" and cc.sig(5.55, 1) == "6"
+    assert cc.fmt_bytes(715_800) == "720 kB" and cc.fmt_bytes(1_431_600) == "1.4 MB"
+    assert cc.fmt_bytes(32) == "32 B" and cc.fmt_seconds(7.4e-4) == "740 us"
+    assert cc.fmt_seconds(0.0131) == "13 ms" and cc.fmt_seconds(2.5) == "2.5 s"
+    assert cc.fmt_seconds(0.0009996) == "1.0 ms" and cc.fmt_bytes(999_700) == "1.0 MB"   # no "1,000 us"
+
+
+def test_busbw_only_for_bandwidth_optimal_schemes_and_per_byte_moved():
+    assert cc.bandwidths(1e9, 0.5, 8, "ring")["busbw"] == pytest.approx(2e9 * 14 / 8)
+    assert cc.bandwidths(1e9, 0.5, 8, "naive") == {"algbw": 2e9, "busbw": None}
+    # one memory system: time follows the total 2(k-1) n, whatever the scheme
+    ring = cc.Fit("ring", 0.0, 8e-9, 0, 0, 2)            # beta per byte on the busiest link
+    naive = cc.Fit("naive", 0.0, 1e-9, 0, 0, 2)
+    assert cc.per_byte_moved(ring, 8) == pytest.approx(cc.per_byte_moved(naive, 8))
 
 
 def test_record_writes_fits_with_hardware_and_skips_smoke(tmp_path):
@@ -190,7 +377,12 @@ def test_record_writes_fits_with_hardware_and_skips_smoke(tmp_path):
     recs = json.loads(path.read_text())
     assert len(recs) == 1 and recs[0]["chapter"] == "comm"
     assert recs[0]["fits"]["ring"]["alpha"] == 1e-5 and "hardware" in recs[0] and "versions" in recs[0]
-    assert "alpha" in cc.report("ring", f) and "10.0%" in cc.report("ring", f)
+    assert "alpha" in cc.report("ring", f) and "median 10%" in cc.report("ring", f)
+    per = {"ring": {2: f, 4: f}}
+    cc.record(path, framework="torch", api="x", devices=4, profile="cpu", fits={"ring": f},
+              rows={"ring": [{"k": 2}]}, per_k=per)
+    rec = [r for r in json.loads(path.read_text()) if r["devices"] == 4][0]
+    assert rec["fits_per_k"]["ring"]["4"]["alpha"] == 1e-5
 
 
 def test_time_call_runs_before_untimed_each_repeat():
@@ -326,4 +518,32 @@ def test_speedup_rows_table_and_plot():
         assert max(xs) == cc.device_limit(256, link) and min(xs) == 1
         assert len(ax.get_lines()) == 1 + 2 * len(steps)
     import matplotlib.pyplot as plt
+    plt.close(fig)
+
+
+def test_roofline_and_fit_figures():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    steps = dict(list(cc.resnet18_step_times(256).items())[:2])          # the measured two
+    links = [cc.LINKS["NVLink 4 (H100 SXM)"], cc.LINKS["InfiniBand NDR"]]
+    fig = cc.plot_roofline(steps, 256, 4.47e7, links)
+    left, right = fig.axes
+    assert left.get_xscale() == "log" and right.get_xlabel() == "GPUs k"
+    # one dot per (step, link), where compute meets the all-reduce
+    dots = [l for l in left.get_lines() if l.get_marker() == "o"]
+    assert len(dots) == len(steps) * len(links)
+    t = next(iter(steps.values())).seconds / 256
+    xs = sorted(float(d.get_xdata()[0]) for d in dots)
+    assert cc.critical_batch(t, 4.47e7, 8, links[0]) in xs
+    plt.close(fig)
+    rows = [{"k": k, "bytes": n, "median": float(cc.model_time("ring", n, k, 1e-4, 1e-9)),
+             "p25": 0.0, "p75": 0.0} for k in (2, 4) for n in cc.message_sizes(8, 1 << 24)]
+    for r in rows:
+        r["p25"] = r["p75"] = r["median"]
+    fig = cc.plot_fits({"m": rows}, {"m": cc.fit_per_k(rows, "ring")})
+    diamonds = [l for l in fig.axes[0].get_lines() if l.get_marker() == "D"]
+    assert len(diamonds) == 2                            # n_1/2 marked on both k's lines
+    x = float(diamonds[0].get_xdata()[0])
+    assert x == pytest.approx(cc.regime_size("ring", 2, 1e-4, 1e-9), rel=1e-6)
     plt.close(fig)

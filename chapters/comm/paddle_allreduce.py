@@ -43,9 +43,9 @@ def check_sum() -> bool:
 
 
 # ----------------------------------------------------------------- overlap and bucketing
-def step_times(model, params, X, y, steps: int, after=None) -> list[float]:
-    """Seconds of ``steps`` training steps (after one warm-up): forward, backward, ``after``
-    (e.g. an all-reduce of the gradients), SGD update."""
+def make_step(model, params, X, y, after=None):
+    """One training step: forward, backward, ``after`` (e.g. an all-reduce of the gradients),
+    SGD update."""
     opt = paddle.optimizer.SGD(learning_rate=0.01, parameters=params)
     loss_fn = nn.CrossEntropyLoss()
 
@@ -55,7 +55,7 @@ def step_times(model, params, X, y, steps: int, after=None) -> list[float]:
             after()
         opt.step()
         opt.clear_grad()
-    return slowest(cc.time_call(step, warmup=1, repeats=steps, before=dist.barrier))
+    return step
 
 
 def allreduce_after_backward(params):
@@ -75,7 +75,9 @@ def allreduce_after_backward(params):
 
 
 def overlap(batch: int, width: int, steps: int) -> dict:
-    """Step times of one model with several ways of communicating its gradients."""
+    """Step times of one model with five ways of communicating its gradients, ``steps``
+    repeats each, taken in interleaved rounds (one step of every variant per round, a barrier
+    before each), every repeat the slowest rank's time."""
     paddle.seed(0)
     world = dist.get_world_size()
     X = paddle.randn([max(1, batch // world), 1, 28, 28])
@@ -85,20 +87,25 @@ def overlap(batch: int, width: int, steps: int) -> dict:
         n = d2l.resnet18(num_classes=10, width=width)
         d2l.canonical_init(n, d2lmini.resnet18_init(width=width, seed=0))
         return n
-    plain = net()
+    plain, plain_after = net(), net()
     params = [p for p in plain.parameters() if p.trainable]
+    params_after = [p for p in plain_after.parameters() if p.trainable]
     grad_bytes = sum(int(p.size) * 4 for p in params)
     out = {"grad_bytes": grad_bytes, "per_rank_batch": int(X.shape[0]), "width": width}
-    out["compute only"] = step_times(plain, params, X, y, steps)
-    out["all-reduce after backward"] = step_times(plain, params, X, y, steps,
-                                                  after=allreduce_after_backward(params))
+    calls = {"compute only": make_step(plain, params, X, y),
+             "all-reduce after backward": make_step(plain_after, params_after, X, y,
+                                                    after=allreduce_after_backward(params_after))}
     model_mb = grad_bytes / 2**20
-    for name, cap in (("DataParallel, small buckets", max(1, round(model_mb / 8))),
-                      ("DataParallel, default buckets (25 MB)", 25),
-                      ("DataParallel, one huge bucket", int(10 * model_mb) + 100)):
-        n = net()
-        dp = paddle.DataParallel(n, comm_buffer_size=cap, last_comm_buffer_size=min(cap, 1))
-        out[name] = step_times(dp, dp.parameters(), X, y, steps)
+    # the last bucket (the first layers' gradients, ready last) is 1 MB by default; the huge
+    # variant makes it huge too, so that it is one bucket, all-reduced after backward
+    huge = int(10 * model_mb) + 100
+    for name, cap, last in (("DataParallel, small buckets", max(1, round(model_mb / 8)), 1),
+                            ("DataParallel, default buckets (25 MB)", 25, 1),
+                            ("DataParallel, one huge bucket", huge, huge)):
+        dp = paddle.DataParallel(net(), comm_buffer_size=cap, last_comm_buffer_size=last)
+        calls[name] = make_step(dp, dp.parameters(), X, y)
+    times = cc.time_interleaved(calls, warmup=1, repeats=steps, before=dist.barrier)
+    out.update({name: slowest(t) for name, t in times.items()})
     return out
 
 

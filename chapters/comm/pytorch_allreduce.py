@@ -45,9 +45,9 @@ def check_sum() -> bool:
 
 
 # ----------------------------------------------------------------- overlap and bucketing
-def step_times(model, X, y, steps: int, after=None) -> list[float]:
-    """Seconds of ``steps`` training steps (after one warm-up): zero the gradients, forward,
-    backward, ``after`` (e.g. an all-reduce of the gradients), SGD update."""
+def make_step(model, X, y, after=None):
+    """One training step: zero the gradients, forward, backward, ``after`` (e.g. an all-reduce
+    of the gradients), SGD update."""
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     loss_fn = nn.CrossEntropyLoss()
 
@@ -57,7 +57,7 @@ def step_times(model, X, y, steps: int, after=None) -> list[float]:
         if after is not None:
             after()
         opt.step()
-    return slowest(cc.time_call(step, warmup=1, repeats=steps, before=dist.barrier))
+    return step
 
 
 def allreduce_after_backward(params):
@@ -75,7 +75,9 @@ def allreduce_after_backward(params):
 
 
 def overlap(batch: int, width: int, steps: int) -> dict:
-    """Step times of one model with four ways of communicating its gradients."""
+    """Step times of one model with six ways of communicating its gradients, ``steps`` repeats
+    each, taken in interleaved rounds (one step of every variant per round, a barrier before
+    each), every repeat the slowest rank's time."""
     torch.manual_seed(0)
     world = dist.get_world_size()
     X = torch.randn(max(1, batch // world), 1, 28, 28)
@@ -87,19 +89,24 @@ def overlap(batch: int, width: int, steps: int) -> dict:
         return n
     grad_bytes = sum(p.numel() * 4 for p in net().parameters())
     out = {"grad_bytes": grad_bytes, "per_rank_batch": len(X), "width": width, "steps": steps}
-    plain = net()
-    out["compute only"] = step_times(plain, X, y, steps)
-    out["all-reduce after backward"] = step_times(
-        plain, X, y, steps, after=allreduce_after_backward(list(plain.parameters())))
+    plain, plain_after = net(), net()
+    calls = {"compute only": make_step(plain, X, y),
+             "all-reduce after backward": make_step(
+                 plain_after, X, y, after=allreduce_after_backward(list(plain_after.parameters())))}
     model_mb = grad_bytes / 2**20
     for name, cap in (("DDP, small buckets", model_mb / 8), ("DDP, default buckets (25 MB)", 25),
                       ("DDP, one huge bucket", 10 * model_mb + 100)):
-        ddp = DDP(net(), bucket_cap_mb=cap)
-        out[name] = step_times(ddp, X, y, steps)
+        calls[name] = make_step(DDP(net(), bucket_cap_mb=cap), X, y)
         out[name + " bucket_cap_mb"] = cap
-    ddp = DDP(net())
-    with ddp.no_sync():                       # DDP without its hooks: no communication at all
-        out["DDP no_sync (no communication)"] = step_times(ddp, X, y, steps)
+    quiet = DDP(net())
+    quiet_step = make_step(quiet, X, y)
+
+    def no_sync_step():
+        with quiet.no_sync():                 # DDP without its hooks: no communication at all
+            quiet_step()
+    calls["DDP no_sync (no communication)"] = no_sync_step
+    times = cc.time_interleaved(calls, warmup=1, repeats=steps, before=dist.barrier)
+    out.update({name: slowest(t) for name, t in times.items()})
     return out
 
 
