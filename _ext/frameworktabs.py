@@ -116,9 +116,19 @@ def script_functions(root: Path, pattern: str, step: str) -> dict[str, str]:
     return found
 
 
+def split_step(source: str, step: str) -> tuple[str, str]:
+    """A step may name its own source, ``SOURCE:STEP`` (``devices:place``,
+    ``chapters/concise/recipe/{fw}_dp.py:main``); otherwise it comes from ``source``."""
+    if ":" in step:
+        source, step = step.rsplit(":", 1)
+    return source, step
+
+
 def step_code(root: Path, source: str, step: str) -> dict[str, str]:
     """``step`` in each framework: from the notebooks of chapter ``source``, or, when
-    ``source`` is a script pattern containing ``{fw}``, from those scripts."""
+    ``source`` is a script pattern containing ``{fw}``, from those scripts.  A step written
+    ``SOURCE:STEP`` comes from that source instead (``split_step``)."""
+    source, step = split_step(source, step)
     if "{fw}" in source:
         return script_functions(root, source, step)
     return step_cells(root, source, step)

@@ -9,7 +9,9 @@ shows, for each listed step of the chapter, the code cells tagged ``step:<name>`
 notebooks (the same cells as the framework tabs, ``frameworktabs.step_cells``), one row per
 step.  The first argument may instead be a script pattern with ``{fw}``, e.g.
 ``chapters/concise/recipe/{fw}_dp.py``: the steps are then the scripts' functions of those
-names (``frameworktabs.script_functions``).  Two menus above the rows choose the left and the right framework; every row then shows
+names (``frameworktabs.script_functions``).  A step written ``SOURCE:STEP`` comes from
+another chapter or script pattern (``devices:place``), so one view can follow a thread through
+the book.  Two menus above the rows choose the left and the right framework; every row then shows
 those two side by side, so the same step of the two programs sits at the same height.  All
 four frameworks' code is in the page; the script only chooses which two are shown (without
 JavaScript the page shows the default pair, PyTorch and JAX).
@@ -22,13 +24,13 @@ from pathlib import Path
 from pygments import format as pygments_format, lex
 from pygments.formatters import HtmlFormatter
 from pygments.lexers import PythonLexer
-from pygments.token import Comment
+from pygments.token import Comment, Punctuation
 
 from docutils import nodes
 from sphinx.util.docutils import SphinxDirective
 
-from bookfixes import add_static_path   # the same static folder (_ext/static)
-from frameworktabs import FRAMEWORKS, step_code
+from bookfixes import add_static_path, line_spans   # the same static folder (_ext/static)
+from frameworktabs import FRAMEWORKS, split_step, step_code
 
 DEFAULT = ("pytorch", "jax")
 MAX_INDENT = 12   # columns; deeper (bracket-aligned) continuation lines start here in a half column
@@ -45,13 +47,16 @@ def controls_html() -> str:
 
 
 def code_html(code: str) -> str:
-    """``code`` highlighted as Sphinx does (same Pygments classes), one block per line.
+    """``code`` highlighted as Sphinx does (same Pygments classes), one span per line.
 
     Half a text column is narrower than a notebook's code, so long lines wrap; each line is a
-    block with a hanging indent of its own indentation plus four columns, so a wrapped line
-    continues *under its own code*, never at the left margin.  The spaces that align trailing
-    comments in a notebook (which only align there) shrink to two, and indentation deeper than
-    ``MAX_INDENT`` (continuation lines aligned with a bracket) is shown as ``MAX_INDENT``.
+    span with a hanging indent of its own indentation plus four columns (the book's
+    ``code-line``, see ``bookfixes.line_spans``), so a wrapped line continues *under its own
+    code*, never at the left margin.  The text is real code -- leading spaces and newlines
+    included -- so the copy button copies a program that runs.  Two things are shortened, both
+    where Python ignores the whitespace: the spaces that align trailing comments in a notebook
+    (they only align there) shrink to two, and a continuation line inside brackets indented
+    deeper than ``MAX_INDENT`` (aligned with its bracket) is indented ``MAX_INDENT``.
     """
     lines, line = [], []
     for tok, value in lex(code, PythonLexer()):
@@ -64,21 +69,36 @@ def code_html(code: str) -> str:
                 line.append((tok, part))
     if line:
         lines.append(line)
+    while lines and not lines[-1]:
+        lines.pop()
     fmt = HtmlFormatter(nowrap=True)
-    out = []
+    out, depth = [], 0
     for toks in lines:
-        text = "".join(v for _, v in toks)
-        indent = min(len(text) - len(text.lstrip(" ")), MAX_INDENT)
-        while toks and toks[0][1].strip(" ") == "":        # leading spaces become padding
-            toks = toks[1:]
-        if toks and toks[0][1].startswith(" "):
-            toks = [(toks[0][0], toks[0][1].lstrip(" "))] + toks[1:]
-        toks = [(t, "  ") if (v.strip(" ") == "" and len(v) > 2 and i + 1 < len(toks)
+        if depth > 0 and toks and toks[0][1].strip(" ") == "":     # inside brackets
+            toks = [(toks[0][0], toks[0][1][:MAX_INDENT])] + toks[1:]
+        toks = [(t, "  ") if (i > 0 and v.strip(" ") == "" and len(v) > 2 and i + 1 < len(toks)
                               and toks[i + 1][0] in Comment) else (t, v)
                 for i, (t, v) in enumerate(toks)]
-        body = pygments_format(toks, fmt) if toks else ""
-        out.append(f'<span class="sbs-line" style="--indent: {indent}ch">{body or " "}</span>')
-    return '<div class="highlight"><pre>' + "".join(out) + "</pre></div>"
+        for t, v in toks:
+            if t in Punctuation:
+                depth += sum(v.count(c) for c in "([{") - sum(v.count(c) for c in ")]}")
+        out.append(pygments_format(toks, fmt).removesuffix("\n") if toks else "")  # adds one
+    return ('<div class="highlight"><pre>' + line_spans("\n".join(out) + "\n", 0, MAX_INDENT)
+            + "</pre></div>")
+
+
+def source_label(root: Path, source: str) -> str:
+    """Where a step comes from, for its row's title: the chapter's title (the first line of its
+    ``index.md``), after the script's name for a script pattern:
+    ``chapters/concise/recipe/{fw}_dp.py`` -> "recipe/<framework>_dp.py, Concise ..."."""
+    parts = Path(source).parts
+    chapter = parts[1] if "{fw}" in source and len(parts) > 2 else source
+    index = Path(root) / "chapters" / chapter / "index.md"
+    title = (index.read_text().splitlines()[0].lstrip("# ").strip() if index.is_file()
+             else chapter)
+    if "{fw}" in source:
+        return "/".join(parts[-2:]).replace("{fw}", "<framework>") + ", " + title
+    return title
 
 
 class SideBySide(SphinxDirective):
@@ -89,10 +109,13 @@ class SideBySide(SphinxDirective):
     def run(self):
         chapter, steps = self.arguments[0], self.arguments[1:]
         root = Path(self.env.srcdir)
-        for key, _ in FRAMEWORKS:
-            self.env.note_dependency(str(root / chapter.format(fw=key)) if "{fw}" in chapter
-                                     else str(root / "chapters" / chapter / f"{key}.ipynb"))
-        outer = nodes.container(classes=["sbs"])
+        sources = {split_step(chapter, step)[0] for step in steps}
+        for source in sorted(sources):
+            for key, _ in FRAMEWORKS:
+                self.env.note_dependency(
+                    str(root / source.format(fw=key)) if "{fw}" in source
+                    else str(root / "chapters" / source / f"{key}.ipynb"))
+        outer = nodes.container(classes=["sbs", "full-width"])  # full-width: wide screens lend it the contents sidebar (book.css)
         outer += nodes.raw("", controls_html(), format="html")
         for step in steps:
             try:
@@ -100,8 +123,11 @@ class SideBySide(SphinxDirective):
             except LookupError as e:
                 raise self.error(str(e))
             row = nodes.container(classes=["sbs-step"])
-            row += nodes.raw("", f'<p class="sbs-step-name"><code>{html.escape(step)}</code></p>',
-                             format="html")
+            source, name = split_step(chapter, step)
+            where = ("" if len(sources) == 1 else      # rows from several places say whence
+                     f' <span class="sbs-source">{html.escape(source_label(root, source))}</span>')
+            row += nodes.raw("", f'<p class="sbs-step-name"><code>{html.escape(name)}</code>'
+                             f'{where}</p>', format="html")
             grid = nodes.container(classes=["sbs-row"])
             for key, label in FRAMEWORKS:
                 classes = ["sbs-cell", f"sbs-{key}"] + (["sbs-shown"] if key in DEFAULT else [])

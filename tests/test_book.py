@@ -177,3 +177,49 @@ def test_folded_blocks_render_folded(built_book):
         assert shown == n, f"{nb.name}: {n} dropdowns in the notebook, {shown} on the page"
         assert "{dropdown}" not in page, f"{nb.name}: a dropdown fence rendered as text"
         assert not re.search(r'<details class="[^"]*sd-dropdown[^>]*\bopen\b', page)
+
+
+# -- code on the page: wrapped for reading, unchanged for copying ------------------------------
+
+def _pre_texts(page_html):
+    import html as html_lib
+    return [html_lib.unescape(re.sub(r"<[^>]+>", "", m))
+            for m in re.findall(r"<pre>(.*?)</pre>", page_html, flags=re.S)]
+
+
+def test_line_spans_keep_the_text_and_mark_the_indentation():
+    import html as html_lib
+    import sys
+    sys.path.insert(0, str(ROOT / "_ext"))
+    from bookfixes import line_spans
+    inner = ('<span></span><span class="k">def</span> <span class="nf">f</span>():\n'
+             '    <span class="s2">"""two</span>\n<span class="s2">  lines"""</span>\n\n'
+             '        <span class="k">return</span> <span class="mi">1</span>\n')
+    out = line_spans(inner)
+    assert html_lib.unescape(re.sub(r"<[^>]+>", "", out)) == html_lib.unescape(
+        re.sub(r"<[^>]+>", "", inner))
+    assert out.count('class="code-line"') == 5
+    assert re.findall(r"--indent: (\d+)ch", out) == ["0", "4", "2", "0", "8"]
+    assert out.count("<span") == out.count("</span>")
+    diff = line_spans('<span class="gi">+    x = 1</span>\n', skip=1)
+    assert "--indent: 5ch" in diff and '+<span class="code-indent">    </span>x' in diff
+
+
+def test_the_code_on_a_page_is_the_code_that_ran(built_book):
+    """The book wraps long lines by splitting each <pre> into line spans (_ext/bookfixes.py);
+    the text of the <pre> -- what the copy button copies -- stays exactly the cell's code:
+    every code cell a page shows appears verbatim as the text of one of its <pre>s."""
+    html, _ = built_book
+    missing = []
+    for f in toc_files():
+        src = ROOT / f"{f}.ipynb"
+        if not src.is_file():
+            continue
+        texts = {t.rstrip("\n") for t in _pre_texts((html / f"{f}.html").read_text())}
+        for i, c in enumerate(json.loads(src.read_text())["cells"]):
+            tags = set(c.get("metadata", {}).get("tags", []))
+            code = "".join(c["source"]).rstrip("\n")
+            if c["cell_type"] == "code" and code and not {"remove-cell", "remove-input"} & tags:
+                if code not in texts:
+                    missing.append(f"{f} cell {i}: {code[:60]!r}")
+    assert not missing, "code cells whose text changed on the page:\n" + "\n".join(missing[:20])

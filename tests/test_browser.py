@@ -222,3 +222,187 @@ def test_code_never_runs_past_its_box(site, browser, path):
     assert not spill, f"{path}: code drawn outside its box: {spill}"
     page.close()
     assert not problems, problems
+
+
+# -- what a reader sees: tables, lines, the side-by-side view, the concept map -----------------
+
+def visit_all(browser, base, width=1400):
+    """Yield (path, page) for every page of the book, in one browser tab."""
+    page = browser.new_page(viewport={"width": width, "height": 900})
+    try:
+        for path in PAGES:
+            page.goto(base + path, wait_until="load")
+            yield path, page
+    finally:
+        page.close()
+
+
+# A Markdown table row shown as text: a cell printed with display(Markdown(...)) that was
+# rendered as a paragraph of pipes (myst-nb's default, CommonMark, has no tables).
+MARKDOWN_ROW = re.compile(r"\|\s*:?(-{3,}|—+):?\s*\|")
+
+
+def printed_markdown_tables(path):
+    """How many Markdown tables the stored outputs of a page's notebook print (cells whose
+    output is shown)."""
+    import json
+    from test_book import ROOT
+    src = ROOT / path.replace(".html", ".ipynb")
+    if not src.is_file():
+        return 0
+    return sum(1 for c in json.loads(src.read_text())["cells"] if c["cell_type"] == "code"
+               and not {"remove-cell", "remove-output"} & set(c["metadata"].get("tags", []))
+               for o in c.get("outputs", [])
+               if MARKDOWN_ROW.search("".join(o.get("data", {}).get("text/markdown", ""))))
+
+
+def test_no_page_shows_a_markdown_table_as_text(site, browser):
+    """Every table a cell prints with display(Markdown(...)) is a table on its page: no
+    visible text outside the code a reader reads (cell inputs, code blocks) has a `|---|`
+    row, and each page shows at least as many tables in its outputs as its notebook prints."""
+    html, base = site
+    shown, missing = [], []
+    for path, page in visit_all(browser, base):
+        text, tables = page.evaluate("""() => {
+            const main = document.querySelector('article.bd-article').cloneNode(true);
+            main.querySelectorAll('.cell_input, div[class^="highlight-"]:not(.output)')
+                .forEach(e => e.remove());
+            return [main.innerText, document.querySelectorAll('.cell_output table').length];
+        }""")
+        shown += [f"{path}: {line.strip()[:80]}" for line in text.splitlines()
+                  if MARKDOWN_ROW.search(line)]
+        if tables < printed_markdown_tables(path):
+            missing.append(f"{path}: {printed_markdown_tables(path)} printed, {tables} rendered")
+    assert not shown, "Markdown tables shown as text:\n" + "\n".join(shown)
+    assert not missing, "printed Markdown tables not rendered as tables:\n" + "\n".join(missing)
+
+
+CUT = """els => els.filter(e => e.offsetParent !== null && e.scrollWidth > e.clientWidth + 1)
+    .map(e => e.textContent.split('\\n').reduce((a, b) => a.length >= b.length ? a : b)
+              .slice(0, 70))"""
+
+
+@pytest.mark.parametrize("width", [1280, 1400])
+def test_no_line_of_code_or_output_is_cut(site, browser, width):
+    """On a laptop's and a desktop's screen, no visible line of code or output is cut at the
+    right edge of its box (a <pre> that would need scrolling): long lines wrap, under their
+    own code."""
+    html, base = site
+    cut = []
+    for path, page in visit_all(browser, base, width):
+        cut += [f"{path}: {line!r}" for line in page.eval_on_selector_all("article pre", CUT)]
+    assert not cut, f"lines cut at {width}px:\n" + "\n".join(cut)
+
+
+def test_the_text_column_uses_a_wide_screen(site, browser):
+    """At 1400 px the text column is well over the theme's 780 px, and a wrapped line of code
+    continues to the right of where its code starts, never at the left margin."""
+    html, base = site
+    page, problems = open_at(browser, base + "chapters/concise/pytorch.html", 1400)
+    width = page.evaluate("document.querySelector('article.bd-article section > p').clientWidth")
+    assert width >= 850, f"text column {width}px at 1400px"
+    hang = page.eval_on_selector_all("article .code-line", """ls => ls.flatMap(l => {
+        const chars = [];
+        const walk = document.createTreeWalker(l, NodeFilter.SHOW_TEXT);
+        for (let n; (n = walk.nextNode()); )
+            for (let i = 0; i < n.length; i++) {
+                const r = document.createRange(); r.setStart(n, i); r.setEnd(n, i + 1);
+                const b = r.getBoundingClientRect();
+                if (b.width) chars.push([n.data[i], b.left, b.top, b.width]);
+            }
+        const code = chars.find(c => c[0] !== ' ');
+        const next = chars.find(c => c[2] > chars[0][2] + 2);
+        if (!code || !next || parseInt(l.style.getPropertyValue('--indent')) >= 24) return [];
+        return next[1] >= code[1] + 2 * code[3] ? [] : [l.textContent.slice(0, 60)];
+    })""")
+    assert not hang, f"wrapped lines that continue left of their code: {hang}"
+    page.close()
+    assert not problems, problems
+
+
+COPY_PAGES = ["chapters/comparison/index.html", "chapters/scratch/index.html",
+              "chapters/concise/index.html"]
+
+
+@pytest.mark.parametrize("path", COPY_PAGES)
+def test_side_by_side_copy_button_copies_code_that_runs(site, browser, path):
+    """What the copy button of a side-by-side block puts on the clipboard (clicked, and read
+    back from the clipboard) is Python with its real indentation: it compiles."""
+    html, base = site
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    context.grant_permissions(["clipboard-read", "clipboard-write"], origin=base.rstrip("/"))
+    page = context.new_page()
+    page.goto(base + path, wait_until="networkidle")
+    cells = page.locator(".sbs-cell.sbs-shown")
+    assert cells.count() >= 4
+    copied = []
+    for i in range(cells.count()):
+        cell = cells.nth(i)
+        cell.locator("pre").hover()
+        cell.locator("button.copybtn").click()
+        text = page.evaluate("navigator.clipboard.readText()")
+        label = cell.locator(".sbs-label").text_content()
+        assert text.strip(), f"{path}: cell {i} ({label}) copied nothing"
+        try:
+            compile(text, f"{path} cell {i} ({label})", "exec")
+        except SyntaxError as e:
+            pytest.fail(f"{path}: the copy of cell {i} ({label}) does not compile: {e}\n{text}")
+        shown = cell.locator("pre").evaluate(
+            "e => [...e.querySelectorAll('.code-line')].map(l => l.textContent).join('\\n')")
+        assert text.rstrip("\n") == shown.rstrip("\n"), f"{path}: cell {i} copies other text"
+        copied.append(text)
+    assert any("\n    " in t for t in copied), f"{path}: no block copied with its indentation"
+    context.close()
+
+
+@pytest.mark.parametrize("width", [1280, 1400])
+def test_side_by_side_code_is_legible(site, browser, width):
+    """The side-by-side code is set no smaller than 13 px, and a half column holds at least
+    56 characters at 1280 px, 62 at 1400 px (the view takes the contents sidebar's width)."""
+    html, base = site
+    page, problems = open_at(browser, base + "chapters/comparison/index.html", width)
+    got = page.eval_on_selector_all(".sbs-cell.sbs-shown pre", """els => els.map(e => {
+        const probe = document.createElement('span'); probe.textContent = '0'.repeat(100);
+        e.appendChild(probe); const ch = probe.getBoundingClientRect().width / 100; probe.remove();
+        const cs = getComputedStyle(e);
+        return [parseFloat(cs.fontSize),
+                (e.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight)) / ch,
+                e.getBoundingClientRect().right]; })""")
+    assert got
+    for size, chars, right in got:
+        assert size >= 13, f"side-by-side code at {size}px"
+        assert chars >= (56 if width < 1400 else 62), f"{chars:.0f} characters a line at {width}px"
+        assert right <= width, f"the side-by-side view runs past the window at {width}px"
+    page.close()
+    assert not problems, problems
+
+
+@pytest.mark.parametrize("width", [1400, 1280, 1024])
+def test_concept_map_breaks_identifiers_only_between_their_parts(site, browser, width):
+    """An identifier in the concept map wraps only after . _ ( , / , between the words of a
+    CamelCase name or at a space -- never mid-word ("torch.cuda.device_coun / t()") -- and
+    never runs out of its cell."""
+    html, base = site
+    page, problems = open_at(browser, base + "chapters/comparison/index.html", width)
+    bad = page.eval_on_selector_all(".concept-map td code", """codes => codes.flatMap(c => {
+        const chars = [];
+        const walk = document.createTreeWalker(c, NodeFilter.SHOW_TEXT);
+        for (let n; (n = walk.nextNode()); )
+            for (let i = 0; i < n.length; i++) {
+                const r = document.createRange(); r.setStart(n, i); r.setEnd(n, i + 1);
+                const b = r.getBoundingClientRect();
+                chars.push([n.data[i], b.top, b.right]);
+            }
+        const out = [];
+        const cell = c.closest('td').getBoundingClientRect();
+        for (let i = 1; i < chars.length; i++)
+            if (chars[i][1] > chars[i - 1][1] + 2 && chars[i][0] !== ' '
+                && !'._(,/ '.includes(chars[i - 1][0])
+                && !(/[a-z]/.test(chars[i - 1][0]) && /[A-Z]/.test(chars[i][0])))
+                out.push('broken: ' + c.textContent.slice(0, i) + ' / ' + c.textContent.slice(i));
+        if (chars.some(ch => ch[2] > cell.right + 1)) out.push('out of its cell: ' + c.textContent);
+        return out;
+    })""")
+    assert not bad, f"at {width}px: {bad}"
+    page.close()
+    assert not problems, problems
