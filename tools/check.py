@@ -73,6 +73,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("notebooks", nargs="*", help="notebooks to check (default: those changed)")
     ap.add_argument("--list", action="store_true", help="print what would run, run nothing")
+    ap.add_argument("-n", "--workers", type=int, default=3,
+                    help="pytest-xdist worker processes (default 3)")
     args = ap.parse_args(argv)
     notebooks = ([Path(n).resolve() for n in args.notebooks] if args.notebooks
                  else changed_notebooks(changed_files()))
@@ -88,12 +90,11 @@ def main(argv=None) -> int:
     if args.list:
         return 0
     env = dict(os.environ, D2LMINI_PROFILE="smoke", D2LMINI_NUM_DEVICES="2")
-    # two pytest processes side by side (the unit tests wait on subprocesses much of the time)
-    groups = [g for g in (unit_tests(), notebooks) if g]
-    procs = [subprocess.Popen([sys.executable, "-m", "pytest", "-q",
-                               *[str(t.relative_to(ROOT)) for t in g]], cwd=ROOT, env=env)
-             for g in groups]
-    return max(p.wait() for p in procs)
+    # one pytest run over worker processes, as `make test` (the tests wait on subprocesses and
+    # kernels much of the time); a notebook or a test file is one unit of work (conftest.py)
+    return subprocess.call([sys.executable, "-m", "pytest", "-q", "-n", str(args.workers),
+                            "--dist", "loadfile",
+                            *[str(t.relative_to(ROOT)) for t in targets]], cwd=ROOT, env=env)
 
 if __name__ == "__main__":
     raise SystemExit(main())
