@@ -17,6 +17,12 @@ move the same bytes as plain data parallelism; stage 3 gathers the parameters ag
 backward pass (they were dropped after the forward pass): 1.5 times the bytes.
 
 The notebooks measure the bytes each device holds and compare them with ``state_bytes``.
+
+What a device holds *between* steps is not what decides whether a model fits: the peak *during*
+a step is.  ``peak_bytes`` accounts for it, moment by moment, for the step the notebooks write
+(section "Peak Memory: By Model and By Layer"): replicated, ZeRO-1/2/3 by whole model (the whole
+parameter vector and a whole gradient buffer exist during the step), and ZeRO-3 by layer (one
+layer gathered at a time, its gradient reduce-scattered as soon as it is computed).
 """
 from __future__ import annotations
 
@@ -29,7 +35,9 @@ from .collectives import Transfer, chunk_slices, traffic
 __all__ = ["STAGES", "STAGE_NAMES", "SHARDED_PARTS", "PARTS", "Precision", "FP32_ADAM",
            "MIXED_ADAM", "reduce_scatter_schedule", "all_gather_schedule", "shard_sizes",
            "state_bytes", "bytes_per_parameter", "step_traffic", "memory_rows", "memory_table",
-           "memory_ok", "row_shard_elements", "peak_rss_bytes", "max_abs_diff", "ALLCLOSE_ATOL"]
+           "memory_ok", "row_shard_elements", "peak_rss_bytes", "max_abs_diff", "ALLCLOSE_ATOL",
+           "SCHEMES", "MLP_WIDTHS", "mlp_init", "layer_sizes", "peak_timeline", "peak_bytes",
+           "peak_parts", "peak_rows", "peak_table", "peak_ok"]
 
 STAGES = (0, 1, 2, 3)
 STAGE_NAMES = {0: "replicated", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}
@@ -188,6 +196,199 @@ def memory_table(rows: list[dict], unit: int = 1024) -> str:
                      f"{r['grads'] / unit:>9.1f}  {r['optimizer'] / unit:>9.1f}  "
                      f"{r['total'] / unit:>9.1f}  {r['replicated_over_k'] / unit:>12.1f}")
     return "\n".join(lines)
+
+
+# --- the peak of a step -------------------------------------------------------------------------
+
+#: the schemes whose peak the notebooks measure: the four stages of ``train_step``, sharding one
+#: flat buffer of the whole model, and ZeRO-3 by layer (FSDP's default, one unit per layer)
+SCHEMES = ("replicated", "ZeRO-1", "ZeRO-2", "ZeRO-3", "ZeRO-3 by layer")
+
+#: the peak-memory section's model: an MLP on Fashion-MNIST's 784 pixels, seven hidden layers of
+#: 256 (598,282 parameters in eight layers, the largest 200,960): deep enough that one layer is a
+#: small part of the model, small enough that 8 simulated devices step it in a second on a CPU
+MLP_WIDTHS = (784, 256, 256, 256, 256, 256, 256, 256, 10)
+
+
+def layer_sizes(widths=MLP_WIDTHS) -> list[int]:
+    """Parameters of each dense layer of an MLP: its weight (d_in, d_out) and bias (d_out)."""
+    return [a * b + b for a, b in zip(widths[:-1], widths[1:])]
+
+
+def mlp_init(widths=MLP_WIDTHS, seed: int = 0) -> list:
+    """The MLP's weights W_l ~ N(0, 2/d_in) (He), biases zero, float32, in the order
+    W1, b1, W2, b2, ...: the same arrays in every framework."""
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    out = []
+    for a, b in zip(widths[:-1], widths[1:]):
+        out += [rng.normal(0, math.sqrt(2 / a), (a, b)).astype(np.float32),
+                np.zeros(b, np.float32)]
+    return out
+
+
+class _Timeline:
+    """Live bytes of one device, by kind; a moment is recorded at every allocation."""
+
+    def __init__(self):
+        self.live: dict[str, tuple[str, int]] = {}
+        self.moments: list[tuple[str, dict[str, int]]] = []
+
+    def alloc(self, name: str, kind: str, nbytes: int, moment: str | None = None,
+              record: bool = True):
+        if name in self.live:
+            raise ValueError(f"{name} is already alive")
+        self.live[name] = (kind, int(nbytes))
+        if not record:                  # made by the same operation as the next allocation
+            return
+        parts = {}
+        for k_, b in self.live.values():
+            parts[k_] = parts.get(k_, 0) + b
+        self.moments.append((moment or name, parts))
+
+    def free(self, *names: str):
+        for name in names:
+            del self.live[name]
+
+
+def peak_timeline(k: int, scheme: str, rows: int, widths=MLP_WIDTHS, device: int = 0,
+                  precision: Precision = FP32_ADAM, act_itemsize: int = 4,
+                  prefetch: bool = True) -> list[tuple[str, dict[str, int]]]:
+    """The bytes device ``device`` of k holds at every moment of one training step of an MLP
+    (``widths``; ReLU between layers) on ``rows`` examples, when the step allocates an array:
+    ``[(moment, {'state': .., 'params': .., 'grads': .., 'activations': ..}), ...]``.
+
+    The step (the notebooks' ``peak_step``), on top of the **state** kept between steps
+    (``state_bytes``: parameters, gradients, Adam's m and v, whole or this device's chunk;
+    whole-model schemes cut one flat buffer of all n parameters, ZeRO-3 by layer cuts each
+    layer's buffer):
+
+    - forward: the device's examples (rows x d_0), then each layer's output (rows x d_l), kept
+      for the backward pass.  ZeRO-3 by whole model first gathers all n parameters (**params**)
+      and keeps them to the end of the backward pass; by layer, it gathers layer l (with
+      ``prefetch``, layer l+1 before computing l, as FSDP does) and frees it after computing l;
+    - the loss gradient dz (rows x d_L), which replaces the logits;
+    - backward, last layer first: one operation makes the layer's weight and bias gradients
+      (one flat array, **grads**) and the gradient of its input, which replaces dz; then the
+      input is freed.  By whole model the layer's gradient is copied into a whole gradient
+      (replicated, ZeRO-1: the state's; ZeRO-2, -3: a whole buffer allocated for the backward
+      pass, reduce-scattered after it, their chunk copied into the state) and dropped; by layer,
+      each layer is gathered again (prefetching l-1), and after its backward the layer is freed
+      and its gradient reduce-scattered, its chunk copied into the state, and freed;
+    - Adam updates the device's part in place.
+
+    Collectives run in place; their messages in flight, the temporaries inside one operation
+    (x @ W before + b, Adam's) and the labels are not counted."""
+    if scheme not in SCHEMES:
+        raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
+    sizes, L = layer_sizes(widths), len(widths) - 1
+    n = sum(sizes)
+    if k < 1 or n < k:
+        raise ValueError(f"need 1 <= k <= n, got k={k}, n={n}")
+    if not 0 <= device < k:
+        raise ValueError(f"device {device} of {k}")
+    bp, bg, ba = precision.params, precision.grads, act_itemsize
+    per_param = precision.params + precision.grads + precision.optimizer
+    t = _Timeline()
+    act = lambda d: rows * d * ba
+    by_layer = scheme == "ZeRO-3 by layer"
+    stage = 3 if by_layer else SCHEMES.index(scheme)
+    if by_layer:
+        t.alloc("state", "state", sum(shard_sizes(s, k)[device] for s in sizes) * per_param, "start")
+    else:
+        t.alloc("state", "state", state_bytes(n, k, stage, precision)[device]["total"], "start")
+        if stage == 3:
+            t.alloc("params", "params", n * bp, "gather all parameters")
+    gather = lambda l: t.alloc(f"layer{l}", "params", sizes[l] * bp, f"gather layer {l + 1}")
+    t.alloc("x0", "activations", act(widths[0]), "forward: the examples")
+    if by_layer and prefetch:
+        gather(0)
+    for l in range(L):
+        if by_layer:
+            if not prefetch:
+                gather(l)
+            elif l + 1 < L:
+                gather(l + 1)
+        t.alloc(f"x{l + 1}", "activations", act(widths[l + 1]), f"forward: layer {l + 1}")
+        if by_layer:
+            t.free(f"layer{l}")
+    t.free(f"x{L}")                                  # the logits, replaced by dz
+    t.alloc("dz", "activations", act(widths[L]), "loss gradient")
+    if stage >= 2 and not by_layer:
+        t.alloc("grads", "grads", n * bg, "backward: a whole gradient buffer")
+    if by_layer and prefetch:
+        gather(L - 1)
+    for l in reversed(range(L)):
+        if by_layer:
+            if not prefetch:
+                gather(l)
+            elif l > 0:
+                gather(l - 1)
+        t.free("dz")                                 # replaced by the input's gradient
+        if by_layer:                                 # made with it: the layer's gradient
+            t.alloc(f"g{l}", "grads", sizes[l] * bg, f"backward: layer {l + 1}", record=l == 0)
+        if l > 0:
+            t.alloc("dz", "activations", act(widths[l]), f"backward: layer {l + 1} input gradient")
+        t.free(f"x{l}")
+        if by_layer:
+            t.free(f"layer{l}", f"g{l}")
+    return t.moments
+
+
+def peak_parts(k: int, scheme: str, rows: int, widths=MLP_WIDTHS, device: int = 0,
+               **kw) -> tuple[str, dict[str, int]]:
+    """The moment of ``peak_timeline`` with the most bytes (the first such), and its parts."""
+    moments = peak_timeline(k, scheme, rows, widths, device, **kw)
+    return max(moments, key=lambda m: sum(m[1].values()))
+
+
+def peak_bytes(k: int, scheme: str, rows, widths=MLP_WIDTHS, **kw) -> list[int]:
+    """Peak bytes of each of k devices during one step (``peak_timeline``); ``rows`` is the
+    examples per device, one number or one per device."""
+    rows = [rows] * k if isinstance(rows, int) else list(rows)
+    if len(rows) != k:
+        raise ValueError(f"{len(rows)} row counts for {k} devices")
+    return [sum(peak_parts(k, scheme, r, widths, i, **kw)[1].values())
+            for i, r in enumerate(rows)]
+
+
+def peak_rows(measure, counts, rows: int, schemes=SCHEMES, widths=MLP_WIDTHS) -> list[dict]:
+    """Measure and compare: ``measure(j, scheme)`` returns the peak bytes of each of j devices.
+    One row per (j, scheme): the largest device's ``measured`` and ``formula`` peaks, the
+    per-device lists, and the formula's moment and parts of the peak."""
+    out = []
+    for j in counts:
+        for scheme in schemes:
+            measured = [int(b) for b in measure(j, scheme)]
+            if len(measured) != j:
+                raise ValueError(f"measure({j}, {scheme!r}) returned {len(measured)} devices")
+            formula = peak_bytes(j, scheme, rows, widths)
+            moment, parts = peak_parts(j, scheme, rows, widths,
+                                       device=max(range(j), key=formula.__getitem__))
+            out.append({"devices": j, "scheme": scheme, "measured": max(measured),
+                        "formula": max(formula), "per_device": measured,
+                        "formula_per_device": formula, "moment": moment, "parts": parts})
+    return out
+
+
+def peak_table(rows: list[dict], unit: int = 1 << 20) -> str:
+    """The rows of ``peak_rows`` as a text table, MiB by default (the largest device)."""
+    head = (f"{'devices':>7}  {'scheme':<15}  {'measured':>8}  {'formula':>8}  {'state':>6}"
+            f"  {'params':>6}  {'grads':>6}  {'acts':>6}  peak moment")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        p = r["parts"]
+        lines.append(f"{r['devices']:>7}  {r['scheme']:<15}  {r['measured'] / unit:>8.2f}  "
+                     f"{r['formula'] / unit:>8.2f}  {p.get('state', 0) / unit:>6.2f}  "
+                     f"{p.get('params', 0) / unit:>6.2f}  {p.get('grads', 0) / unit:>6.2f}  "
+                     f"{p.get('activations', 0) / unit:>6.2f}  {r['moment']}")
+    return "\n".join(lines)
+
+
+def peak_ok(rows: list[dict], tolerance: int = 0) -> bool:
+    """Every device's measured peak equals the formula's within ``tolerance`` bytes."""
+    return all(abs(m - f) <= tolerance for r in rows
+               for m, f in zip(r["per_device"], r["formula_per_device"]))
 
 
 def peak_rss_bytes() -> int:

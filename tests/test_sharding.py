@@ -122,3 +122,90 @@ def test_row_shard_elements_bounds_dim0_sharding():
         assert max(held) == sh.row_shard_elements(shapes, k)
         assert sum(held) == N
     assert sh.row_shard_elements(shapes, 1) == N
+
+
+# --- the peak of a step ----------------------------------------------------------------------
+
+SIZES = sh.layer_sizes()
+N_MLP = sum(SIZES)
+
+
+def test_mlp_init_and_layer_sizes():
+    arrays = sh.mlp_init()
+    widths = sh.MLP_WIDTHS
+    assert [a.shape for a in arrays[::2]] == list(zip(widths[:-1], widths[1:]))
+    assert [a.shape for a in arrays[1::2]] == [(d,) for d in widths[1:]]
+    assert all(a.dtype == np.float32 for a in arrays) and not any(b.any() for b in arrays[1::2])
+    assert [a.size + b.size for a, b in zip(arrays[::2], arrays[1::2])] == SIZES
+    assert N_MLP == 598282
+    assert np.array_equal(sh.mlp_init(seed=1)[0], sh.mlp_init(seed=1)[0])
+    assert abs(arrays[0].std() - math.sqrt(2 / 784)) < 1e-3
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 8])
+def test_peak_without_activations_is_the_closed_form(k):
+    """rows = 0: no activations; the peak is the state plus what the scheme gathers/allocates."""
+    for i in range(k):
+        c = sh.shard_sizes(N_MLP, k)[i]
+        peak = lambda scheme: sh.peak_bytes(k, scheme, 0)[i]
+        assert peak("replicated") == 16 * N_MLP
+        assert peak("ZeRO-1") == 8 * N_MLP + 8 * c
+        assert peak("ZeRO-2") == 4 * N_MLP + 12 * c + 4 * N_MLP      # + a whole gradient buffer
+        assert peak("ZeRO-3") == 16 * c + 4 * N_MLP + 4 * N_MLP      # + whole params and grads
+        state = 16 * sum(sh.shard_sizes(s, k)[i] for s in SIZES)
+        # backward at layer l: layer l gathered, layer l-1 prefetched, layer l's gradient buffer
+        worst = max(4 * (SIZES[l] + (SIZES[l - 1] if l else 0)) + 4 * SIZES[l]
+                    for l in range(len(SIZES)))
+        assert peak("ZeRO-3 by layer") == state + worst
+        no_prefetch = sh.peak_bytes(k, "ZeRO-3 by layer", 0, prefetch=False)[i]
+        assert no_prefetch == state + 8 * max(SIZES)
+
+
+def test_peak_adds_the_activations_of_the_worst_moment():
+    rows = 32
+    acts = rows * (sum(sh.MLP_WIDTHS) + max(sh.MLP_WIDTHS)) * 4   # all at once, and a gradient
+    for k in (1, 2, 8):
+        for scheme in sh.SCHEMES:
+            with_acts, without = sh.peak_bytes(k, scheme, rows), sh.peak_bytes(k, scheme, 0)
+            assert all(0 < a - b <= acts for a, b in zip(with_acts, without)), scheme
+    # replicated: the peak is at the start of the backward pass, every layer's input alive
+    moment, parts = sh.peak_parts(1, "replicated", rows)
+    assert parts["activations"] == rows * 4 * (sum(sh.MLP_WIDTHS[:-1]) + sh.MLP_WIDTHS[-2])
+    assert moment.startswith("backward")
+
+
+def test_peak_by_layer_is_below_every_whole_model_scheme():
+    for k in range(2, 9):
+        peak = {s: max(sh.peak_bytes(k, s, 32)) for s in sh.SCHEMES}
+        assert peak["ZeRO-3 by layer"] < min(peak[s] for s in sh.SCHEMES[:4])
+        # sharding by whole model never holds less than a replica's parameters and gradients
+        assert all(peak[s] > 8 * N_MLP for s in sh.SCHEMES[:4])
+        assert peak["replicated"] == max(sh.peak_bytes(1, "replicated", 32))
+    assert max(sh.peak_bytes(8, "ZeRO-3 by layer", 32)) < 8 * N_MLP
+    # at k = 1 "by layer" only adds the gathered copies and the layer's gradient buffer
+    assert sh.peak_bytes(1, "ZeRO-3 by layer", 32)[0] > sh.peak_bytes(1, "replicated", 32)[0]
+
+
+def test_peak_uneven_rows_and_errors():
+    even, uneven = sh.peak_bytes(3, "ZeRO-3 by layer", 10), sh.peak_bytes(3, "ZeRO-3 by layer", [11, 10, 9])
+    assert uneven[0] > even[0] and uneven[2] < even[2]
+    with pytest.raises(ValueError):
+        sh.peak_bytes(2, "ZeRO-4", 8)
+    with pytest.raises(ValueError):
+        sh.peak_bytes(2, "replicated", [8])
+    with pytest.raises(ValueError):
+        sh.peak_timeline(2, "replicated", 8, device=2)
+    with pytest.raises(ValueError):
+        sh.peak_bytes(20, "replicated", 8, widths=(2, 1))
+
+
+def test_peak_rows_and_check():
+    exact = lambda j, s: sh.peak_bytes(j, s, 16)
+    rows = sh.peak_rows(exact, range(1, 4), 16)
+    assert len(rows) == 3 * len(sh.SCHEMES) and sh.peak_ok(rows)
+    assert "ZeRO-3 by layer" in sh.peak_table(rows)
+    leaky = lambda j, s: [b + 4 * SIZES[1] for b in exact(j, s)]   # a layer gradient kept too long
+    assert not sh.peak_ok(sh.peak_rows(leaky, [2], 16))
+    assert sh.peak_ok(sh.peak_rows(leaky, [2], 16), tolerance=4 * SIZES[1])
+    with pytest.raises(ValueError):
+        sh.peak_rows(lambda j, s: exact(1, s), [2], 16)

@@ -13,9 +13,13 @@ weights, ``d2lmini.lenet_init``) with Adam for S steps on the same fixed batches
 - ``fsdp``: FSDP2 ``fully_shard(reshard_after_forward=True)``: gathered before forward and
   again before backward (ZeRO-3).
 
-Each run reports the largest difference from ``ddp`` of the parameters and of Adam's m and v
-(whole tensors, gathered), and the bytes this rank holds of parameters, gradients and
-optimizer state (its local shards).  Then DDP's ``no_sync`` accumulation of A micro-batches is
+FSDP2 is applied as its documentation asks: ``fully_shard`` on each layer first (each layer is
+one unit, gathered by its own all-gather just before it runs and freed after), then on the
+root module.  Each run reports the largest difference from ``ddp`` of the parameters and of
+Adam's m and v (whole tensors, gathered), the bytes this rank holds of parameters, gradients
+and optimizer state (its local shards) and the peak bytes of the tensors alive on this rank
+during the steps, by category, from PyTorch's memory tracker (``torch.distributed._tools``:
+``MemTracker``, ``FSDPMemTracker`` for FSDP2; a private API).  Then DDP's ``no_sync`` accumulation of A micro-batches is
 compared with one step on the whole batch.  Each rank writes ``DIR/rank<r>.json`` with its
 peak resident memory.  CPU and gloo unless there is a GPU for every rank (then NCCL).
 """
@@ -32,7 +36,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+from torch.distributed._tools.mem_tracker import MemTracker
+from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -42,20 +48,33 @@ from d2lmini import sharding as sh
 from d2lmini import torch as d2l
 
 
+class Layer(nn.Module):
+    """One layer of the from-scratch chapter's LeNet, its parameters W and b: a convolution with
+    ReLU and 2x2 average pooling, or a dense layer (with ReLU, except the last).  A module of
+    its own, so that FSDP2 can make it a unit."""
+
+    def __init__(self, W, b, kind):
+        super().__init__()
+        self.W, self.b, self.kind = nn.Parameter(torch.from_numpy(W)), nn.Parameter(torch.from_numpy(b)), kind
+
+    def forward(self, X):
+        if self.kind == "conv":
+            return F.avg_pool2d(F.relu(F.conv2d(X, self.W, self.b)), kernel_size=2, stride=2)
+        h = X.flatten(start_dim=1) @ self.W + self.b
+        return F.relu(h) if self.kind == "dense" else h
+
+
 class LeNet(nn.Module):
-    """The from-scratch chapter's LeNet with its parameters W1, b1, ..., W4, b4."""
+    """The from-scratch chapter's LeNet (``d2lmini.lenet_init``), as four layer modules."""
 
     def __init__(self):
         super().__init__()
-        names = ["W1", "b1", "W2", "b2", "W3", "b3", "W4", "b4"]
-        for name, a in zip(names, d2lmini.lenet_init(0)):
-            setattr(self, name, nn.Parameter(torch.from_numpy(a)))
+        W1, b1, W2, b2, W3, b3, W4, b4 = d2lmini.lenet_init(0)
+        self.layers = nn.Sequential(Layer(W1, b1, "conv"), Layer(W2, b2, "conv"),
+                                    Layer(W3, b3, "dense"), Layer(W4, b4, "last"))
 
     def forward(self, X):
-        h = F.avg_pool2d(F.relu(F.conv2d(X, self.W1, self.b1)), kernel_size=2, stride=2)
-        h = F.avg_pool2d(F.relu(F.conv2d(h, self.W2, self.b2)), kernel_size=2, stride=2)
-        h = F.relu(h.flatten(start_dim=1) @ self.W3 + self.b3)
-        return h @ self.W4 + self.b4
+        return self.layers(X)
 
 
 def local(t):
@@ -90,23 +109,48 @@ def step(model, optimizer, X, y, n_global, world):
     optimizer.step()
 
 
+def shard(model, mesh, reshard_after_forward):
+    """FSDP2, bottom-up: every layer is a unit (its own all-gather and reduce-scatter), then the
+    root, which owns no parameters of its own here but drives the units' hooks."""
+    for layer in model.layers:
+        fully_shard(layer, mesh=mesh, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
+    return model
+
+
+def tracker(model, optimizer):
+    """PyTorch's memory tracker: the peak bytes of the tensors alive on each device."""
+    if isinstance(model, FSDPModule):
+        return FSDPMemTracker(model, optimizer)
+    mt = MemTracker()
+    mt.track_external(model, optimizer)
+    return mt
+
+
 def train(kind, batches, args, device, world, rank):
     model = LeNet().to(device)
     if kind in ("ddp", "zero1"):
         model = DDP(model)
     else:
-        fully_shard(model, mesh=init_device_mesh(device.type, (world,)),
-                    reshard_after_forward=(kind == "fsdp"))
+        shard(model, init_device_mesh(device.type, (world,)), reshard_after_forward=(kind == "fsdp"))
     if kind == "zero1":
         optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam,
                                             lr=args.lr)
     else:
         optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
-    for X, y in batches:
-        optimizer.zero_grad(set_to_none=False)
-        part = d2lmini.shard_slices(len(y), world)[rank]
-        step(model, optimizer, X[part].to(device), y[part].to(device), len(y), world)
+    mt, peak = tracker(model, optimizer), {}
+    with mt:
+        for X, y in batches:
+            optimizer.zero_grad(set_to_none=False)
+            part = d2lmini.shard_slices(len(y), world)[rank]
+            step(model, optimizer, X[part].to(device), y[part].to(device), len(y), world)
+            snap = {str(key): int(value) for key, value in
+                    mt.get_tracker_snapshot("peak").get(device, {}).items()}
+            if snap.get("Total", 0) > peak.get("Total", 0):   # the worst step
+                peak = snap
+            mt.reset_mod_stats()                              # the tracker follows one step
     held = held_bytes(model, optimizer)
+    held["peak"] = peak
     module = model.module if kind in ("ddp", "zero1") else model
     names = [name for name, _ in module.named_parameters()]
     params = {n: full(p).detach().cpu() for n, p in module.named_parameters()}
