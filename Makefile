@@ -61,16 +61,18 @@ book: data
 # one-GPU workstation and the 8-GPU node), spread over TEST_WORKERS processes (pytest-xdist;
 # the tests mostly wait on kernels, launched ranks and browsers).  conftest.py makes a
 # notebook at one device count one unit of work, handed out longest first
-# (tests/durations.json; refresh it with tools/test_durations.py after a run with
-# --junitxml).  TEST_WORKERS=0 runs everything in this process, one after the other.
+# (tests/durations.json; `tools/test_durations.py _build/test-results.xml` refreshes it from
+# the last run).  TEST_WORKERS=0 runs everything in this process, one after the other.
 TEST_WORKERS ?= 3
 TEST_ARGS ?=
 comma := ,
 empty :=
 space := $(empty) $(empty)
 test: data browser
+	@mkdir -p _build
 	D2LMINI_PROFILE=$(TEST_PROFILE) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile \
-	  --device-counts default,$(subst $(space),$(comma),$(strip $(TEST_DEVICE_COUNTS))) $(TEST_ARGS)
+	  --device-counts default,$(subst $(space),$(comma),$(strip $(TEST_DEVICE_COUNTS))) \
+	  --junitxml=_build/test-results.xml $(TEST_ARGS)
 
 # The quick loop before a commit: the fast unit tests and nbval (k = 2) of the notebooks that
 # changed since main's last commit, or of those named: make check NB="chapters/x/y.ipynb ...".
