@@ -58,12 +58,12 @@ book: data
 
 # Everything in one pytest run: the unit, fault, multi-node, JupyterLab, browser and book tests,
 # and every notebook at the default device count (2) and again with 1 and 8 devices (the
-# one-GPU workstation and the 8-GPU node), spread over TEST_WORKERS processes (pytest-xdist;
+# one-GPU workstation and the 8-GPU node), spread over TEST_WORKERS (2) processes (pytest-xdist;
 # the tests mostly wait on kernels, launched ranks and browsers).  conftest.py makes a
 # notebook at one device count one unit of work, handed out longest first
 # (tests/durations.json; `tools/test_durations.py _build/test-results.xml` refreshes it from
 # the last run).  TEST_WORKERS=0 runs everything in this process, one after the other.
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 2
 TEST_ARGS ?=
 comma := ,
 empty :=
