@@ -427,10 +427,10 @@ def test_a_crashing_failing_or_hanging_import_is_a_problem_not_a_traceback(tmp_p
     fakes = tmp_path / "fakes"
     for name, body in {"mxnet": "import os\nos.abort()\n",
                        "jax": "raise ImportError('simulated: libcudart.so.12: cannot open')\n",
-                       "paddle": "import time\ntime.sleep(60)\n"}.items():
+                       "paddle": "import time\ntime.sleep(600)\n"}.items():
         (fakes / name).mkdir(parents=True)
         (fakes / name / "__init__.py").write_text(body)
-    r = run_doctor(tmp_path, FAILS, "--json", "--timeout", "8",
+    r = run_doctor(tmp_path, FAILS, "--json", "--timeout", "30",
                    env={"PYTHONPATH": str(fakes)})
     assert r.returncode == 1
     rep = json.loads(r.stdout)
@@ -438,7 +438,7 @@ def test_a_crashing_failing_or_hanging_import_is_a_problem_not_a_traceback(tmp_p
     assert set(by_fw) == {"mxnet", "jax", "paddle"}
     assert "crashed" in by_fw["mxnet"] and "SIGABRT" in by_fw["mxnet"]
     assert "ImportError: simulated: libcudart.so.12" in by_fw["jax"]
-    assert "did not finish within 8 s" in by_fw["paddle"]
+    assert "did not finish within 30 s" in by_fw["paddle"]
     assert rep["frameworks"]["torch"]["status"] == "ok"
 
 
