@@ -36,9 +36,27 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    # JAX compiles every program it runs, and on 2 cores XLA's compilation is most of the JAX
+    # notebooks' time (concise/jax, k = 2: 127 s cold, 36 s with every program cached). The
+    # kernels, launched scripts and test processes of one run compile many of the same
+    # programs, so they share JAX's persistent cache (keyed by the program, the devices it runs
+    # on, and the JAX/XLA versions: a hit is the program that would have been compiled).
+    # JAX_COMPILATION_CACHE_DIR set (even empty: no cache) is left as it is.
+    if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+        os.environ["JAX_COMPILATION_CACHE_DIR"] = str(config.rootpath / "_build" / "jax-cache")
+        os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+        os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
     # Each xdist worker's kernels keep their IPython history in a folder of their own: the
     # default, one SQLite file for every kernel of the machine, is shared by concurrent kernels.
     worker = getattr(config, "workerinput", {}).get("workerid")
+    if worker:
+        # One OpenMP thread per process under xdist: the workers already keep the cores busy,
+        # and a PyTorch or Paddle kernel whose second OpenMP thread waits for a core held by
+        # the other worker spins at every parallel region (the sharded PyTorch notebook at
+        # k = 8 took 182 s next to another worker with 2 threads, 74 s with 1). Processes that
+        # set their own thread count (the launched ranks, torch.set_num_threads) still do.
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        os.environ.setdefault("MKL_NUM_THREADS", "1")
     if worker and "IPYTHONDIR" not in os.environ:
         import tempfile
         os.environ["IPYTHONDIR"] = tempfile.mkdtemp(prefix=f"ipython-{worker}-")

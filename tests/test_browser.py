@@ -62,18 +62,65 @@ def open_page(browser, url):
 PAGES = [f"{f}.html" for f in toc_files()]
 
 
-@pytest.mark.parametrize("path", PAGES)
-def test_page_loads_cleanly_with_images_and_links(site, browser, path):
+# What a test needs from every page, gathered in one visit of each page per window width
+# (a visit per test and page cost minutes): evaluated in the page after it loaded.
+PAGE_FACTS = """() => {
+    const main = document.querySelector('article.bd-article');
+    const text = main ? main.cloneNode(true) : document.createElement('div');
+    text.querySelectorAll('.cell_input, div[class^="highlight-"]:not(.output)')
+        .forEach(e => e.remove());
+    return {
+        title: document.title,
+        broken_images: [...document.images].filter(e => !(e.complete && e.naturalWidth > 0))
+            .map(e => e.src),
+        hrefs: [...document.querySelectorAll('a[href]')].map(e => e.getAttribute('href')),
+        plots: document.querySelectorAll('.cell_output img').length,
+        text: text.innerText,
+        tables: document.querySelectorAll('.cell_output table').length,
+        cut: [...document.querySelectorAll('article pre')]
+            .filter(e => e.offsetParent !== null && e.scrollWidth > e.clientWidth + 1)
+            .map(e => e.textContent.split('\\n')
+                 .reduce((a, b) => a.length >= b.length ? a : b).slice(0, 70)),
+    };
+}"""
+
+
+@pytest.fixture(scope="module")
+def seen(site, browser):
+    """``seen(width)``: {path: facts} for every page of the book at that window width (each
+    page loaded once, until the network is idle; console errors, page errors and failed
+    requests in ``facts['problems']``)."""
     html, base = site
-    page, problems = open_page(browser, base + path)
-    assert page.title(), path
+    cache = {}
+
+    def at(width):
+        if width not in cache:
+            cache[width] = {}
+            page = browser.new_page(viewport={"width": width, "height": 900})
+            problems = []
+            page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}")
+                    if m.type == "error" else None)
+            page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+            page.on("requestfailed", lambda r: problems.append(f"request failed: {r.url}"))
+            for path in PAGES:
+                problems.clear()
+                page.goto(base + path, wait_until="networkidle")
+                cache[width][path] = dict(page.evaluate(PAGE_FACTS), problems=list(problems))
+                page.goto("about:blank")   # leaving a page cancels its late requests (favicon)
+            page.close()
+        return cache[width]
+    return at
+
+
+@pytest.mark.parametrize("path", PAGES)
+def test_page_loads_cleanly_with_images_and_links(site, seen, path):
+    html, base = site
+    facts = seen(1400)[path]
+    assert facts["title"], path
     # every image (figures, plots in cell outputs) actually decoded
-    broken = page.eval_on_selector_all(
-        "img", "els => els.filter(e => !(e.complete && e.naturalWidth > 0)).map(e => e.src)")
-    assert not broken, f"{path}: images that did not load: {broken}"
+    assert not facts["broken_images"], f"{path}: images that did not load: {facts['broken_images']}"
     # internal links: the target file exists, and so does the anchor it points to
-    hrefs = page.eval_on_selector_all("a[href]", "els => els.map(e => e.getAttribute('href'))")
-    for href in hrefs:
+    for href in facts["hrefs"]:
         if re.match(r"^(https?:|mailto:|javascript:)", href):
             continue
         target = urlparse(urljoin(base + path, href))
@@ -84,14 +131,12 @@ def test_page_loads_cleanly_with_images_and_links(site, browser, path):
         if target.fragment and file.suffix == ".html":
             ids = set(re.findall(r'id="([^"]+)"', file.read_text(errors="replace")))
             assert unquote(target.fragment) in ids, f"{path}: missing anchor {href}"
-    page.close()
-    assert not problems, f"{path}: " + "; ".join(problems)
+    assert not facts["problems"], f"{path}: " + "; ".join(facts["problems"])
 
 
-def test_notebook_pages_show_their_plots(site, browser):
+def test_notebook_pages_show_their_plots(seen):
     """Pages of notebooks whose stored outputs hold a PNG show at least that many images."""
     import json
-    html, base = site
     from test_book import ROOT
     checked = 0
     for f in toc_files():
@@ -102,10 +147,8 @@ def test_notebook_pages_show_their_plots(site, browser):
                    if c["cell_type"] == "code" for o in c.get("outputs", []))
         if not pngs:
             continue
-        page, _ = open_page(browser, base + f"{f}.html")
-        shown = page.eval_on_selector_all(".cell_output img", "els => els.length")
+        shown = seen(1400)[f"{f}.html"]["plots"]
         assert shown >= pngs, f"{f}: {pngs} PNG outputs stored, {shown} shown"
-        page.close()
         checked += 1
     notebooks_with_plots = [f for f in toc_files() if "scratch/" in f or "concise/" in f]
     if notebooks_with_plots:
@@ -226,17 +269,6 @@ def test_code_never_runs_past_its_box(site, browser, path):
 
 # -- what a reader sees: tables, lines, the side-by-side view, the concept map -----------------
 
-def visit_all(browser, base, width=1400):
-    """Yield (path, page) for every page of the book, in one browser tab."""
-    page = browser.new_page(viewport={"width": width, "height": 900})
-    try:
-        for path in PAGES:
-            page.goto(base + path, wait_until="load")
-            yield path, page
-    finally:
-        page.close()
-
-
 # A Markdown table row shown as text: a cell printed with display(Markdown(...)) that was
 # rendered as a paragraph of pipes (myst-nb's default, CommonMark, has no tables).
 MARKDOWN_ROW = re.compile(r"\|\s*:?(-{3,}|—+):?\s*\|")
@@ -256,41 +288,45 @@ def printed_markdown_tables(path):
                if MARKDOWN_ROW.search("".join(o.get("data", {}).get("text/markdown", ""))))
 
 
-def test_no_page_shows_a_markdown_table_as_text(site, browser):
+def test_no_page_shows_a_markdown_table_as_text(seen):
     """Every table a cell prints with display(Markdown(...)) is a table on its page: no
     visible text outside the code a reader reads (cell inputs, code blocks) has a `|---|`
     row, and each page shows at least as many tables in its outputs as its notebook prints."""
-    html, base = site
     shown, missing = [], []
-    for path, page in visit_all(browser, base):
-        text, tables = page.evaluate("""() => {
-            const main = document.querySelector('article.bd-article').cloneNode(true);
-            main.querySelectorAll('.cell_input, div[class^="highlight-"]:not(.output)')
-                .forEach(e => e.remove());
-            return [main.innerText, document.querySelectorAll('.cell_output table').length];
-        }""")
-        shown += [f"{path}: {line.strip()[:80]}" for line in text.splitlines()
+    for path, facts in seen(1400).items():
+        shown += [f"{path}: {line.strip()[:80]}" for line in facts["text"].splitlines()
                   if MARKDOWN_ROW.search(line)]
-        if tables < printed_markdown_tables(path):
-            missing.append(f"{path}: {printed_markdown_tables(path)} printed, {tables} rendered")
+        if facts["tables"] < printed_markdown_tables(path):
+            missing.append(f"{path}: {printed_markdown_tables(path)} printed, "
+                           f"{facts['tables']} rendered")
     assert not shown, "Markdown tables shown as text:\n" + "\n".join(shown)
     assert not missing, "printed Markdown tables not rendered as tables:\n" + "\n".join(missing)
 
 
-CUT = """els => els.filter(e => e.offsetParent !== null && e.scrollWidth > e.clientWidth + 1)
-    .map(e => e.textContent.split('\\n').reduce((a, b) => a.length >= b.length ? a : b)
-              .slice(0, 70))"""
+# Every character of an element's text with its box on the screen: where a line wraps.
+_CHARS = """const CHARS = el => {
+        const out = [];
+        const walk = document.createTreeWalker(el, NodeFilter.SHOW_TEXT);
+        for (let n; (n = walk.nextNode()); )
+            for (let i = 0; i < n.length; i++) {
+                const r = document.createRange(); r.setStart(n, i); r.setEnd(n, i + 1);
+                out.push({ch: n.data[i], box: r.getBoundingClientRect()});
+            }
+        return out;
+    };"""
+
+
+def with_chars(function: str) -> str:
+    """A JavaScript function (source) that can call CHARS(el), for eval_on_selector_all."""
+    return f"(() => {{ {_CHARS} return {function}; }})()"
 
 
 @pytest.mark.parametrize("width", [1280, 1400])
-def test_no_line_of_code_or_output_is_cut(site, browser, width):
+def test_no_line_of_code_or_output_is_cut(seen, width):
     """On a laptop's and a desktop's screen, no visible line of code or output is cut at the
     right edge of its box (a <pre> that would need scrolling): long lines wrap, under their
     own code."""
-    html, base = site
-    cut = []
-    for path, page in visit_all(browser, base, width):
-        cut += [f"{path}: {line!r}" for line in page.eval_on_selector_all("article pre", CUT)]
+    cut = [f"{path}: {line!r}" for path, facts in seen(width).items() for line in facts["cut"]]
     assert not cut, f"lines cut at {width}px:\n" + "\n".join(cut)
 
 
@@ -301,20 +337,14 @@ def test_the_text_column_uses_a_wide_screen(site, browser):
     page, problems = open_at(browser, base + "chapters/concise/pytorch.html", 1400)
     width = page.evaluate("document.querySelector('article.bd-article section > p').clientWidth")
     assert width >= 850, f"text column {width}px at 1400px"
-    hang = page.eval_on_selector_all("article .code-line", """ls => ls.flatMap(l => {
-        const chars = [];
-        const walk = document.createTreeWalker(l, NodeFilter.SHOW_TEXT);
-        for (let n; (n = walk.nextNode()); )
-            for (let i = 0; i < n.length; i++) {
-                const r = document.createRange(); r.setStart(n, i); r.setEnd(n, i + 1);
-                const b = r.getBoundingClientRect();
-                if (b.width) chars.push([n.data[i], b.left, b.top, b.width]);
-            }
+    hang = page.eval_on_selector_all("article .code-line", with_chars("""ls => ls.flatMap(l => {
+        const chars = CHARS(l).filter(c => c.box.width)
+            .map(c => [c.ch, c.box.left, c.box.top, c.box.width]);
         const code = chars.find(c => c[0] !== ' ');
         const next = chars.find(c => c[2] > chars[0][2] + 2);
         if (!code || !next || parseInt(l.style.getPropertyValue('--indent')) >= 24) return [];
         return next[1] >= code[1] + 2 * code[3] ? [] : [l.textContent.slice(0, 60)];
-    })""")
+    })"""))
     assert not hang, f"wrapped lines that continue left of their code: {hang}"
     page.close()
     assert not problems, problems
@@ -384,15 +414,8 @@ def test_concept_map_breaks_identifiers_only_between_their_parts(site, browser, 
     never runs out of its cell."""
     html, base = site
     page, problems = open_at(browser, base + "chapters/comparison/index.html", width)
-    bad = page.eval_on_selector_all(".concept-map td code", """codes => codes.flatMap(c => {
-        const chars = [];
-        const walk = document.createTreeWalker(c, NodeFilter.SHOW_TEXT);
-        for (let n; (n = walk.nextNode()); )
-            for (let i = 0; i < n.length; i++) {
-                const r = document.createRange(); r.setStart(n, i); r.setEnd(n, i + 1);
-                const b = r.getBoundingClientRect();
-                chars.push([n.data[i], b.top, b.right]);
-            }
+    bad = page.eval_on_selector_all(".concept-map td code", with_chars("""codes => codes.flatMap(c => {
+        const chars = CHARS(c).map(ch => [ch.ch, ch.box.top, ch.box.right]);
         const out = [];
         const cell = c.closest('td').getBoundingClientRect();
         for (let i = 1; i < chars.length; i++)
@@ -402,7 +425,7 @@ def test_concept_map_breaks_identifiers_only_between_their_parts(site, browser, 
                 out.push('broken: ' + c.textContent.slice(0, i) + ' / ' + c.textContent.slice(i));
         if (chars.some(ch => ch[2] > cell.right + 1)) out.push('out of its cell: ' + c.textContent);
         return out;
-    })""")
+    })"""))
     assert not bad, f"at {width}px: {bad}"
     page.close()
     assert not problems, problems

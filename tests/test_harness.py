@@ -112,3 +112,19 @@ def test_durations_come_from_junit_and_name_the_units(tmp_path):
     recorded = json.loads(harness.DURATIONS.read_text())
     assert all(u == harness.BOOK_GROUP or (ROOT / u.split("[k=")[0]).is_file()
                for u in recorded), [u for u in recorded if not (ROOT / u.split("[")[0]).exists()]
+
+
+def test_workers_give_kernels_one_openmp_thread_and_a_shared_jax_cache(tmp_path):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(
+        "import os\nprint(os.environ['OMP_NUM_THREADS'], os.environ["
+        "'JAX_COMPILATION_CACHE_DIR'] == os.path.join(os.getcwd(), '_build', 'jax-cache'))",
+        execution_count=1, outputs=[nbformat.v4.new_output("stream", name="stdout",
+                                                          text="1 True\n")])]
+    nbformat.write(nb, tmp_path / "nb.ipynb")
+    saved = {v: os.environ.pop(v, None) for v in ("OMP_NUM_THREADS", "JAX_COMPILATION_CACHE_DIR")}
+    try:
+        rc, out = run(tmp_path, "-n", "1", "nb.ipynb")
+    finally:
+        os.environ.update({v: x for v, x in saved.items() if x is not None})
+    assert rc == 0 and "1 passed" in out, out

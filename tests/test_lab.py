@@ -142,6 +142,9 @@ def test_a_chapter_notebook_runs_in_the_browser(server):
         page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
         # the kernel the notebook runs on, as the status bar shows it
         page.wait_for_selector(f"text={lab.KERNEL_DISPLAY_NAME}", timeout=120_000)
+        # ... and has started: keys pressed while it starts can be lost on a loaded machine
+        page.wait_for_selector('.jp-Notebook-ExecutionIndicator[data-status="idle"]',
+                               timeout=180_000)
         page.locator(".jp-Notebook .jp-Cell").first.click()
         page.keyboard.press("Escape")                 # command mode, first cell selected
         for _ in range(7):                            # 2 markdown cells, then code/markdown

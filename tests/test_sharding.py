@@ -209,3 +209,13 @@ def test_peak_rows_and_check():
     assert sh.peak_ok(sh.peak_rows(leaky, [2], 16), tolerance=4 * SIZES[1])
     with pytest.raises(ValueError):
         sh.peak_rows(lambda j, s: exact(1, s), [2], 16)
+
+
+def test_table_counts_are_powers_of_two_and_k():
+    assert sh.table_counts(1) == [1]
+    assert sh.table_counts(2) == [1, 2]
+    assert sh.table_counts(3) == [1, 2, 3]
+    assert sh.table_counts(6) == [1, 2, 4, 6]
+    assert sh.table_counts(8) == [1, 2, 4, 8]
+    with pytest.raises(ValueError):
+        sh.table_counts(0)
