@@ -141,11 +141,11 @@ def step_traffic(n: int, k: int, stage: int, itemsize: int = 4,
 
 
 def table_counts(k: int) -> list[int]:
-    """The device counts a notebook's memory tables measure: 1, 2, 4, ... and k itself. Every
-    count from 1 to 8 is measured where the notebook runs with that k (``make sweep``)."""
-    if k < 1:
-        raise ValueError(f"k must be at least 1, not {k}")
-    return [j for j in range(1, k + 1) if j & (j - 1) == 0 or j == k]
+    """The device counts a notebook's memory tables measure: 1, then the communication
+    chapter's sweep (2, 4, 8 up to k, and k itself; ``commcost.device_counts``). Every count
+    from 1 to 8 is measured where the notebook runs with that k (``make sweep``)."""
+    from .commcost import device_counts
+    return [1] + device_counts(k)
 
 
 def memory_rows(measure, n: int, counts, stages=STAGES,
