@@ -145,6 +145,7 @@ def work_unit(nodeid: str) -> str:
     return BOOK_GROUP if unit in BOOK_FILES else unit
 
 
+@pytest.hookimpl(optionalhook=True)     # pytest without pytest-xdist (a GPU server) must still run
 def pytest_xdist_make_scheduler(config, log):
     """``--dist loadfile`` with the units of :func:`work_unit`, handed out in collection
     order (which :func:`pytest_collection_modifyitems` sorts longest first)."""

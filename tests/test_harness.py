@@ -77,6 +77,13 @@ def test_spread_over_workers_a_notebooks_cells_share_one_kernel(tmp_path):
     assert "b.ipynb[k=8]::Cell 1" in out, out
 
 
+def test_the_harness_runs_without_pytest_xdist(tmp_path):
+    """A GPU server has pytest and nbval but no pytest-xdist: the xdist hook must be optional."""
+    notebook(tmp_path / "nb.ipynb", "8 42\n")
+    rc, out = run(tmp_path, "-p", "no:xdist", "--device-counts", "8", "nb.ipynb")
+    assert rc == 0 and "nb.ipynb[k=8]::Cell 1 PASSED" in out, out
+
+
 @pytest.mark.parametrize("bad", ["9", "0", "two", "1,1"])
 def test_a_bad_device_count_is_a_usage_error(tmp_path, bad):
     notebook(tmp_path / "nb.ipynb", "8 42\n")
