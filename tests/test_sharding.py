@@ -219,3 +219,78 @@ def test_table_counts_are_powers_of_two_and_k():
     assert sh.table_counts(8) == [1, 2, 4, 8]
     with pytest.raises(ValueError):
         sh.table_counts(0)
+
+
+# ------------------------------------------------------------ activations and recomputation
+SMALL = (4, 3, 3, 3, 2)          # 4 layers; with rows=1 and itemsize=1 an array's bytes = its width
+
+
+def test_activation_peak_by_hand():
+    # no recomputation: x0..x3 and the last layer's input gradient, 4+3+3+3 + 3
+    assert sh.activation_peak(1, 0, SMALL, itemsize=1) == 16
+    # segments of 2: x0 and x2 kept; the last segment's x3 recomputed: 4+3+3 + 3 (dz)
+    assert sh.activation_peak(1, 2, SMALL, itemsize=1) == 13
+    moments = [m for m, _ in sh.activation_timeline(1, 2, SMALL, itemsize=1)]
+    assert moments.count("backward: recompute layer 3") == 1
+    assert moments.count("backward: recompute layer 1") == 1
+
+
+def test_no_recomputation_is_the_replicated_steps_activations():
+    for rows in (1, 32, 256):
+        _, parts = sh.peak_parts(1, "replicated", rows)
+        assert sh.activation_peak(rows, 0) == parts["activations"]
+
+
+def test_one_segment_or_one_layer_segments_save_nothing_and_the_middle_does():
+    L = len(sh.MLP_WIDTHS) - 1
+    none = sh.activation_peak(256, 0)
+    assert sh.activation_peak(256, 1) == none == sh.activation_peak(256, L)
+    assert sh.activation_peak(256, 3) < sh.activation_peak(256, 2) < none
+    deep = (784,) + (256,) * 63 + (10,)
+    assert sh.activation_peak(256, 8, deep) < 0.3 * sh.activation_peak(256, 0, deep)
+
+
+def test_recompute_flops():
+    f = sh.recompute_flops(1, 2, SMALL)
+    assert f["step"] == 192 and f["extra"] == 24 + 18
+    assert sh.recompute_flops(7, 0)["extra"] == sh.recompute_flops(7, 1)["extra"] == 0
+    L = len(sh.MLP_WIDTHS) - 1
+    full = sh.recompute_flops(3, L)            # one segment: every input but x0 recomputed
+    fwd = [2 * 3 * a * b for a, b in zip(sh.MLP_WIDTHS[:-1], sh.MLP_WIDTHS[1:])]
+    assert full["extra"] == sum(fwd[:-1])
+
+
+def test_activation_rows_compare_measured_with_the_formula():
+    rows = sh.activation_rows(lambda s: sh.activation_peak(64, s) + (1 if s == 2 else 0),
+                              segments=(0, 2), rows=64)
+    assert [r["measured"] - r["formula"] for r in rows] == [0, 1]
+    assert rows[1]["kept"] == 4 and "none" in sh.activation_table(rows)
+    with pytest.raises(ValueError):
+        sh.activation_timeline(8, -1)
+
+
+# ------------------------------------------------------------ the stages in time
+def test_step_collectives_and_their_bytes():
+    sizes = sh.layer_sizes()
+    assert sh.step_collectives(sizes, 0) == [("all-reduce", 4 * sum(sizes))]
+    assert [op for op, _ in sh.step_collectives(sizes, "ZeRO-2")] == ["reduce-scatter", "all-gather"]
+    by_layer = sh.step_collectives(sizes, "ZeRO-3 by layer")
+    assert len(by_layer) == 3 * len(sizes) and sum(b for _, b in by_layer) == 3 * 4 * sum(sizes)
+    with pytest.raises(ValueError):
+        sh.step_collectives(sizes, "ZeRO-4")
+
+
+def test_stage_times_by_layer_cost_more_than_one_and_a_half_all_reduces():
+    from d2lmini import commcost as cc
+    link = cc.LINKS["NVLink 4 (H100 SXM)"]
+    sizes = sh.layer_sizes()
+    assert sh.step_comm_time(sizes, 1, "ZeRO-3 by layer", link) == 0
+    rows = sh.stage_time_rows({"mlp": sizes, "big": [30_000_000] * 48}, 8, [link])
+    by = {(r["model"], r["scheme"]): r for r in rows}
+    for m in ("mlp", "big"):
+        assert by[m, "ZeRO-3 by layer"]["sent"] == pytest.approx(1.5 * by[m, "replicated"]["sent"])
+        # 3 collectives per layer, each paying NCCL's latency: above the bytes' 1.5x
+        assert by[m, "ZeRO-3 by layer"]["vs_replicated"] > 1.5
+    assert by["mlp", "ZeRO-3 by layer"]["vs_replicated"] > by["big", "ZeRO-3 by layer"]["vs_replicated"]
+    table = sh.stage_time_table(rows)
+    assert "| big |" in table and table.count("\n") == 2 + 1 and "ZeRO-3 by layer |" in table
