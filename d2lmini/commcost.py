@@ -50,7 +50,7 @@ __all__ = ["SCHEMES", "coefficients", "model_time", "Fit", "fit", "crossover",
            "NCCL_HW_LATENCY_US", "NCCL_RING_EFFICIENCY", "NCCL_LL_MAX_BW", "nccl_latency", "collective_time",
            "nccl_protocol", "Link", "LINKS", "Gpu", "GPUS",
            "LENET_SHAPES", "gradient_bytes", "lenet_flops", "resnet18_flops", "compute_time",
-           "DDP_BUCKET_BYTES", "bucket_sizes", "predict_step", "best_speedup", "critical_batch",
+           "DDP_BUCKET_BYTES", "bucket_sizes", "predict_step", "bucket_timeline", "plot_overlap_timeline", "best_speedup", "critical_batch",
            "plot_roofline", "hidden_fraction", "clearly_greater", "overlap_verdict",
            "overlap_report", "record", "report", "plot_fits",
            "ASSUMED_UTILIZATION", "table", "NODE_GPUS", "MIN_PER_GPU_BATCH", "device_limit",
@@ -662,17 +662,78 @@ def predict_step(compute_s: float, n_bytes: float, k: int, link: Link, *,
     elif not overlap:
         step = per_device + comm
     else:
-        forward, backward = per_device * (1 - backward_share), per_device * backward_share
-        free, filled = 0.0, 0.0          # when the stream is free; gradient bytes produced
-        for size in buckets:
-            filled += size
-            ready = forward + backward * filled / n_bytes
-            free = max(ready, free) + collective_time("all-reduce", size, k, link, protocol)
-        step = max(free, per_device)
+        step = max(per_device, bucket_timeline(compute_s, n_bytes, k, link,
+                                               bucket_bytes=bucket_bytes,
+                                               backward_share=backward_share,
+                                               protocol=protocol)[-1]["end"])
     return {"compute_s": per_device, "comm_s": comm, "exposed_s": step - per_device,
             "step_s": step, "speedup": compute_s / step,
             "protocol": nccl_protocol("all-reduce", n_bytes, k, link) if protocol is None else protocol,
             "buckets": len(buckets)}
+
+
+def bucket_timeline(compute_s: float, n_bytes: float, k: int, link: Link, *,
+                    bucket_bytes: float = DDP_BUCKET_BYTES, backward_share: float = 2 / 3,
+                    protocol: str | None = None) -> list[dict]:
+    """When each bucket's all-reduce runs in :func:`predict_step`'s overlapped step (seconds
+    from the start of the step, one device's share ``compute_s / k`` of the compute): one dict
+    per bucket, in the order backward fills them, with ``bytes``, ``ready`` (backward has
+    produced its gradients: at an even rate in bytes over the backward pass), ``start`` (ready,
+    and the one communication stream free) and ``end``; plus ``forward_s`` and ``backward_s``
+    in every dict."""
+    per_device = compute_s / k
+    forward, backward = per_device * (1 - backward_share), per_device * backward_share
+    out, free, filled = [], 0.0, 0.0          # when the stream is free; gradient bytes produced
+    for size in bucket_sizes(n_bytes, bucket_bytes):
+        filled += size
+        ready = forward + backward * filled / n_bytes
+        start = max(ready, free)
+        free = start + collective_time("all-reduce", size, k, link, protocol)
+        out.append({"bytes": size, "ready": ready, "start": start, "end": free,
+                    "forward_s": forward, "backward_s": backward})
+    return out
+
+
+def plot_overlap_timeline(compute_s: float, n_bytes: float, k: int, link: Link, *,
+                          bucket_sizes_bytes=(DDP_BUCKET_BYTES,), title: str = "", ax=None):
+    """One step of :func:`predict_step` drawn as lanes: the compute (forward, backward) and,
+    for each bucket size, the all-reduces of its buckets on one communication stream, with
+    the time they add beyond the compute marked.  Predictions, labelled as such.  Returns
+    the axes."""
+    import matplotlib.pyplot as plt
+    lanes = len(bucket_sizes_bytes) + 1
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 0.6 + 0.55 * lanes))
+    scale = 1e3                                     # milliseconds
+    first = bucket_timeline(compute_s, n_bytes, k, link, bucket_bytes=bucket_sizes_bytes[0])
+    fwd, bwd = first[0]["forward_s"], first[0]["backward_s"]
+    y0 = lanes - 1
+    ax.broken_barh([(0, fwd * scale)], (y0 - 0.35, 0.7), color="#9ecae1")
+    ax.broken_barh([(fwd * scale, bwd * scale)], (y0 - 0.35, 0.7), color="#3182bd")
+    ax.text(fwd * scale / 2, y0, "forward", ha="center", va="center", fontsize=8)
+    ax.text((fwd + bwd / 2) * scale, y0, "backward", ha="center", va="center", fontsize=8,
+            color="white")
+    labels = ["compute"]
+    end_compute = (fwd + bwd) * scale
+    for lane, bb in enumerate(bucket_sizes_bytes):
+        y = lanes - 2 - lane
+        tl = bucket_timeline(compute_s, n_bytes, k, link, bucket_bytes=bb)
+        ax.broken_barh([(b["start"] * scale, (b["end"] - b["start"]) * scale) for b in tl],
+                       (y - 0.35, 0.7), facecolors=["#fd8d3c", "#e6550d"] * len(tl),
+                       edgecolor="white", linewidth=0.5)
+        exposed = max(0.0, tl[-1]["end"] * scale - end_compute)
+        if exposed > 0:
+            ax.annotate(f"+{fmt_seconds(exposed / scale)}", (tl[-1]["end"] * scale, y),
+                        xytext=(4, 0), textcoords="offset points", va="center", fontsize=8)
+        labels.append(f"all-reduce, {len(tl)} bucket{'s' if len(tl) > 1 else ''} of "
+                      f"{min(bb, n_bytes) / 2**20:.3g} MiB")
+    ax.axvline(end_compute, color="k", linestyle=":", linewidth=1)
+    ax.set_yticks(range(lanes))
+    ax.set_yticklabels(labels[::-1], fontsize=8)
+    ax.set_xlabel("ms from the start of the step (prediction)")
+    ax.set_title(title or f"one step on {k} GPUs over {link.name} (prediction)", fontsize=9)
+    ax.set_xlim(0, None)
+    return ax
 
 
 # A GPU given only a few images is mostly idle, and the step time stops shrinking with its share

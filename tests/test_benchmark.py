@@ -239,3 +239,14 @@ def test_numerics_of_the_timing_are_recorded(monkeypatch):
     assert b.timing_numerics("torch") == "framework defaults"
     monkeypatch.setenv("D2LMINI_EXACT", "1")
     assert b.timing_numerics("jax") == "exact"
+
+
+def test_a_count_that_leaves_the_convolutions_out_falls_back_to_the_analytic_one():
+    """One H200 (JAX 0.11.2): XLA's cost analysis of the GPU-compiled ResNet-18 step gave
+    2.6e9 FLOP, the convolutions (cuDNN calls) left out; the analytic count is 7.0e11."""
+    b = load_benchmark()
+    analytic = bench.resnet18_train_flops(256, 64)
+    n, how = b.counted(lambda: 2_635_369_728, analytic, "XLA", "analytic")
+    assert n == analytic and how.startswith("analytic") and "not counted" in how
+    n, how = b.counted(lambda: int(XLA_FLOPS_W64), analytic, "XLA", "analytic")   # the CPU's count
+    assert (n, how) == (int(XLA_FLOPS_W64), "XLA")

@@ -547,3 +547,24 @@ def test_roofline_and_fit_figures():
     x = float(diamonds[0].get_xdata()[0])
     assert x == pytest.approx(cc.regime_size("ring", 2, 1e-4, 1e-9), rel=1e-6)
     plt.close(fig)
+
+
+def test_bucket_timeline_is_the_overlapped_prediction():
+    link = cc.LINKS["NVLink 4 (H100 SXM)"]
+    for bb in (1 << 20, cc.DDP_BUCKET_BYTES, 1 << 40):
+        tl = cc.bucket_timeline(0.02, 45e6, 8, link, bucket_bytes=bb)
+        assert len(tl) == len(cc.bucket_sizes(45e6, bb))
+        assert all(b["start"] >= b["ready"] and b["end"] > b["start"] for b in tl)
+        assert all(a["end"] <= b["start"] for a, b in zip(tl, tl[1:]))      # one stream
+        assert tl[-1]["ready"] == pytest.approx(0.02 / 8)                 # the last: at backward's end
+        p = cc.predict_step(0.02, 45e6, 8, link, overlap=True, bucket_bytes=bb)
+        assert p["step_s"] == pytest.approx(max(0.02 / 8, tl[-1]["end"]))
+
+
+def test_plot_overlap_timeline_draws_one_lane_per_bucket_size():
+    import matplotlib
+    matplotlib.use("Agg")
+    ax = cc.plot_overlap_timeline(0.02, 45e6, 8, cc.LINKS["PCIe 4.0 x16"],
+                                  bucket_sizes_bytes=(1 << 20, 1 << 40))
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert labels[-1] == "compute" and "43 buckets" in labels[1] and "1 bucket of" in labels[0]

@@ -394,3 +394,15 @@ def test_fault_injection_wraps_a_step_and_fails_only_the_chosen_rank_and_step(mo
     assert calls == [0, 1, 2, 3, "a", "b"]                      # the failing step never ran
     monkeypatch.delenv("D2LMINI_FAIL_RANK")
     launch.maybe_fail(1, 2)                                      # not set: no fault
+
+
+def test_plot_schedule_draws_one_arrow_per_message():
+    import matplotlib
+    matplotlib.use("Agg")
+    from d2lmini.collectives import naive_schedule, plot_schedule, plot_schedules, ring_schedule
+    for k in (2, 4, 5):
+        for sched in (ring_schedule(k), naive_schedule(k)):
+            ax = plot_schedule(sched, k)
+            arrows = [a for a in ax.texts if getattr(a, "arrow_patch", None) is not None]
+            assert len(arrows) == sum(len(step) for step in sched)
+    assert len(plot_schedules(4).axes) == 3
