@@ -705,8 +705,9 @@ def plot_overlap_timeline(compute_s: float, n_bytes: float, k: int, link: Link, 
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 0.6 + 0.55 * lanes))
     scale = 1e3                                     # milliseconds
-    first = bucket_timeline(compute_s, n_bytes, k, link, bucket_bytes=bucket_sizes_bytes[0])
-    fwd, bwd = first[0]["forward_s"], first[0]["backward_s"]
+    timelines = [bucket_timeline(compute_s, n_bytes, k, link, bucket_bytes=bb)
+                 for bb in bucket_sizes_bytes]
+    fwd, bwd = timelines[0][0]["forward_s"], timelines[0][0]["backward_s"]
     y0 = lanes - 1
     ax.broken_barh([(0, fwd * scale)], (y0 - 0.35, 0.7), color="#9ecae1")
     ax.broken_barh([(fwd * scale, bwd * scale)], (y0 - 0.35, 0.7), color="#3182bd")
@@ -715,9 +716,8 @@ def plot_overlap_timeline(compute_s: float, n_bytes: float, k: int, link: Link, 
             color="white")
     labels = ["compute"]
     end_compute = (fwd + bwd) * scale
-    for lane, bb in enumerate(bucket_sizes_bytes):
+    for lane, (bb, tl) in enumerate(zip(bucket_sizes_bytes, timelines)):
         y = lanes - 2 - lane
-        tl = bucket_timeline(compute_s, n_bytes, k, link, bucket_bytes=bb)
         ax.broken_barh([(b["start"] * scale, (b["end"] - b["start"]) * scale) for b in tl],
                        (y - 0.35, 0.7), facecolors=["#fd8d3c", "#e6550d"] * len(tl),
                        edgecolor="white", linewidth=0.5)

@@ -589,22 +589,19 @@ def stage_time_rows(models: dict, k: int, links, itemsize: int = 4) -> list[dict
     """One row per (model, link, scheme): the bytes each device sends in a step (ring) and
     the predicted collective time, and both relative to replicated.  ``models``:
     ``{name: layer sizes}``; ``links``: :class:`d2lmini.commcost.Link` objects."""
+    from .commcost import collective_coefficients
     out = []
     for name, sizes in models.items():
         for link in links:
             base = step_comm_time(sizes, k, "replicated", link, itemsize)
             for scheme in SCHEMES:
                 t = step_comm_time(sizes, k, scheme, link, itemsize)
-                sent = sum(_ring_bytes(op, b, k) for op, b in step_collectives(sizes, scheme, itemsize))
+                sent = sum(collective_coefficients(op, k)[1] * b     # bytes per device, ring
+                           for op, b in step_collectives(sizes, scheme, itemsize))
                 out.append({"model": name, "parameters": sum(sizes), "layers": len(sizes),
                             "link": link.name, "scheme": scheme, "sent": sent, "seconds": t,
                             "vs_replicated": t / base if base else float("nan")})
     return out
-
-
-def _ring_bytes(op: str, n_bytes: float, k: int) -> float:
-    """Bytes one device sends in a ring ``op`` of a buffer of ``n_bytes``."""
-    return (2 if op == "all-reduce" else 1) * (k - 1) / k * n_bytes
 
 
 def stage_time_table(rows: list[dict]) -> str:
