@@ -223,3 +223,29 @@ def test_the_code_on_a_page_is_the_code_that_ran(built_book):
                 if code not in texts:
                     missing.append(f"{f} cell {i}: {code[:60]!r}")
     assert not missing, "code cells whose text changed on the page:\n" + "\n".join(missing[:20])
+
+
+def test_every_figure_says_what_it_shows(built_book):
+    """Every image of the built book -- plots in cell outputs, diagrams -- carries alt text
+    (a plot's from its cell's ``mystnb.image.alt`` metadata, see AUTHORING.md), and so does
+    every stored plot in the notebooks."""
+    html, _ = built_book
+    pages = 0
+    for page in html.rglob("*.html"):
+        if "_static" in page.parts:
+            continue
+        text = page.read_text(errors="replace")
+        imgs = re.findall(r"<img\b[^>]*>", text)
+        for img in imgs:
+            if "logo" in img:
+                continue
+            alt = re.search(r'\balt="([^"]*)"', img)
+            assert alt and len(alt.group(1).split()) >= 5, \
+                f"{page.relative_to(html)}: an image without alt text: {img[:160]}"
+        pages += bool(imgs)
+    assert pages >= 10, f"only {pages} pages with images"
+    for nb, _, c in notebook_cells():
+        if c["cell_type"] == "code" and any("image/png" in o.get("data", {})
+                                             for o in c.get("outputs", [])):
+            alt = c.get("metadata", {}).get("mystnb", {}).get("image", {}).get("alt", "")
+            assert len(alt.split()) >= 5, f"{nb}: a plot without alt text: {''.join(c['source'])[:80]!r}"
