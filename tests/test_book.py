@@ -249,3 +249,68 @@ def test_every_figure_says_what_it_shows(built_book):
                                              for o in c.get("outputs", [])):
             alt = c.get("metadata", {}).get("mystnb", {}).get("image", {}).get("alt", "")
             assert len(alt.split()) >= 5, f"{nb}: a plot without alt text: {''.join(c['source'])[:80]!r}"
+
+
+def _bound_and_loaded(source: str) -> tuple[set[str], set[str]]:
+    """The names a cell binds (assignments, definitions, imports, loop and comprehension
+    targets, arguments) and the names it reads."""
+    import ast
+    tree = ast.parse(source)
+    bound, loaded = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            (loaded if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.alias):
+            bound.add((node.asname or node.name).split(".")[0])
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            bound.add(node.name)
+    return bound, loaded
+
+
+def reads_of_hidden_names(cells) -> list[str]:
+    """Visible code cells (in order) that read a name which only a removed cell -- a check the
+    page does not show -- defined before them."""
+    seen, removed_only, problems = set(), {}, []
+    for i, c in enumerate(cells):
+        if c["cell_type"] != "code":
+            continue
+        text = "".join(c["source"])
+        if text.lstrip().startswith(("%", "!")):
+            continue
+        try:
+            bound, loaded = _bound_and_loaded(text)
+        except SyntaxError:
+            continue
+        tags = c.get("metadata", {}).get("tags", [])
+        if "remove-cell" in tags or "remove-input" in tags:
+            for name in bound - seen:
+                removed_only.setdefault(name, i)
+            continue
+        missing = sorted(n for n in loaded - bound - seen if n in removed_only)
+        if missing:
+            problems.append(f"cell {i} reads {missing}, defined only in removed cell(s) "
+                            f"{[removed_only[n] for n in missing]}")
+        seen |= bound
+    return problems
+
+
+def test_the_code_a_reader_sees_runs_without_the_hidden_checks():
+    """Copied in order, the cells a reader sees run: no visible cell reads a name that only a
+    removed cell defines (as `base_runs` once was on the batch-size page)."""
+    import nbformat
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("runs = [1, 2]"),
+                nbformat.v4.new_code_cell("base = runs[0]\nassert base", metadata={"tags": ["remove-cell"]}),
+                nbformat.v4.new_code_cell("print(base, [x for x in runs])")]
+    assert reads_of_hidden_names(nb.cells) == ["cell 2 reads ['base'], defined only in removed cell(s) [1]"]
+    nb.cells[2] = nbformat.v4.new_code_cell("base = runs[0]; print(base)")
+    assert reads_of_hidden_names(nb.cells) == []
+    notebooks = sorted((ROOT / "chapters").rglob("*.ipynb"))
+    assert len(notebooks) >= 20
+    for src in notebooks:
+        problems = reads_of_hidden_names(json.loads(src.read_text())["cells"])
+        assert not problems, f"{src.relative_to(ROOT)}: " + "; ".join(problems)
