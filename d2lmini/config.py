@@ -53,8 +53,8 @@ class CommHP:
 
 @dataclasses.dataclass(frozen=True)
 class ScalingHP:
-    """Settings of the batch-size page's sweep: LeNet on one device, a fixed number of epochs,
-    global batches k * base_batch for k devices (see d2lmini.scaling)."""
+    """Settings of the batch-size page's sweep: LeNet on one device, momentum SGD, a fixed
+    number of epochs, global batches k * base_batch for k devices (see d2lmini.scaling)."""
     train_samples: int          # a multiple of the largest batch: every batch is whole
     test_samples: int | None    # None: all 10,000 test images
     epochs: int
@@ -62,7 +62,10 @@ class ScalingHP:
     base_lr: float              # the learning rate of base_batch
     batch_sizes: tuple          # the global batches swept, base_batch first
     warmup_epochs: float        # length of the gradual warm-up
-    hold_tol: float = 0.03      # "held accuracy": at most this below the base batch's accuracy
+    decay_epochs: float         # the last epochs, at a tenth of the rate
+    seeds: int                  # runs of every (batch, policy), with seeds 0, 1, ...
+    momentum: float = 0.9
+    hold_tol: float = 0.02      # "held accuracy": at most this below the base batch's accuracy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,7 +121,8 @@ PROFILES: dict[str, Profile] = {
         comm=CommHP(largest=1 << 20, per_decade=1, warmup=1, repeats=5,
                     overlap_steps=3, overlap_batch=32, overlap_width=8),
         scaling=ScalingHP(train_samples=2048, test_samples=512, epochs=1, base_batch=64,
-                          base_lr=0.1, batch_sizes=(64, 256, 1024), warmup_epochs=0.5),
+                          base_lr=0.025, batch_sizes=(64, 256), warmup_epochs=0.25,
+                          decay_epochs=0.25, seeds=2),
         sharded=ShardedHP(device_batch=8, proof_steps=3, lr=1e-3, accum_steps=4,
                           train_samples=2048, test_samples=512, epochs=1, batch_size=64,
                           min_test_acc=0.2, max_acc_gap=0.15),
@@ -141,8 +145,10 @@ PROFILES: dict[str, Profile] = {
                         width=16, min_test_acc=0.5),
         comm=CommHP(largest=32 << 20, per_decade=3, warmup=3, repeats=15,
                     overlap_steps=10, overlap_batch=64, overlap_width=16),
-        scaling=ScalingHP(train_samples=12288, test_samples=4096, epochs=3, base_batch=64,
-                          base_lr=0.1, batch_sizes=(64, 128, 256, 512, 1024), warmup_epochs=1),
+        # Goyal et al.'s rate, 0.1 per 256 examples with momentum 0.9, for 64; 1 to 8 devices.
+        scaling=ScalingHP(train_samples=12288, test_samples=4096, epochs=5, base_batch=64,
+                          base_lr=0.025, batch_sizes=(64, 128, 256, 512), warmup_epochs=1,
+                          decay_epochs=1, seeds=3),
         sharded=ShardedHP(device_batch=16, proof_steps=5, lr=1e-3, accum_steps=4,
                           train_samples=12000, test_samples=2000, epochs=2, batch_size=128,
                           min_test_acc=0.6, max_acc_gap=0.05),
@@ -166,8 +172,8 @@ PROFILES: dict[str, Profile] = {
         comm=CommHP(largest=256 << 20, per_decade=3, warmup=5, repeats=20,
                     overlap_steps=20, overlap_batch=256, overlap_width=64),
         scaling=ScalingHP(train_samples=59392, test_samples=None, epochs=10, base_batch=64,
-                          base_lr=0.1, batch_sizes=(64, 128, 256, 512, 1024, 2048),
-                          warmup_epochs=2),
+                          base_lr=0.025, batch_sizes=(64, 128, 256, 512, 1024, 2048),
+                          warmup_epochs=1, decay_epochs=2, seeds=3),
         sharded=ShardedHP(device_batch=32, proof_steps=5, lr=1e-3, accum_steps=4,
                           train_samples=None, test_samples=None, epochs=5, batch_size=256,
                           min_test_acc=0.8, max_acc_gap=0.02),
