@@ -68,6 +68,21 @@ def test_schedule_rejects_negative_counts():
         scaling.lr_schedule("same", 0.1, 64, 64, -1)
     with pytest.raises(ValueError, match="must be >= 0"):
         scaling.lr_schedule("same", 0.1, 64, 64, 3, warmup_steps=-2)
+    with pytest.raises(ValueError, match="must be >= 0"):
+        scaling.lr_schedule("same", 0.1, 64, 64, 3, decay_steps=-1)
+    with pytest.raises(ValueError, match="decay must be in"):
+        scaling.lr_schedule("same", 0.1, 64, 64, 3, decay_steps=1, decay=0)
+
+
+def test_the_step_decay_divides_the_last_steps_after_warm_up_and_target():
+    lrs = scaling.lr_schedule("linear", 0.1, 64, 256, num_steps=6, warmup_steps=2, decay_steps=2)
+    assert lrs == pytest.approx([0.1, 0.25, 0.4, 0.4, 0.04, 0.04])
+    # a decay that reaches into the warm-up divides the warm-up's rate there
+    lrs = scaling.lr_schedule("linear", 0.1, 64, 256, num_steps=3, warmup_steps=2,
+                              decay_steps=2, decay=0.5)
+    assert lrs == pytest.approx([0.1, 0.125, 0.2])
+    assert scaling.POLICIES[0].schedule(0.1, 64, 256, 3, 1, decay_steps=1) == \
+        pytest.approx([0.1, 0.1, 0.01])
 
 
 def test_policies():
@@ -83,7 +98,8 @@ def test_every_profile_has_a_consistent_sweep(name):
     s = d2lmini.PROFILES[name].scaling
     assert s.batch_sizes[0] == s.base_batch and list(s.batch_sizes) == sorted(set(s.batch_sizes))
     assert all(b % s.base_batch == 0 for b in s.batch_sizes)      # k devices x base_batch each
-    assert s.epochs >= 1 and s.base_lr > 0 and s.warmup_epochs > 0
+    assert s.epochs >= 1 and s.base_lr > 0 and s.warmup_epochs > 0 and s.decay_epochs > 0
+    assert s.warmup_epochs + s.decay_epochs <= s.epochs and s.seeds >= 2 and 0 <= s.momentum < 1
     if s.train_samples is not None:                                # every batch whole
         assert s.train_samples % s.batch_sizes[-1] == 0
 
@@ -115,6 +131,48 @@ def test_a_diverged_run_never_holds_even_at_a_lucky_accuracy():
     runs = [_run(64, "p", 0.1), _run(128, "p", 0.1, diverged=True)]
     (v,) = scaling.verdicts(runs, base_batch=64, tol=0.05)
     assert (v.held_up_to, v.broke_at, v.how) == (64, 128, "diverged")
+
+
+def test_summarize_groups_the_seeds_and_refuses_a_repeated_seed():
+    runs = [dict(batch=64, policy="p", seed=s, test_acc=a, diverged=False)
+            for s, a in ((1, 0.7), (0, 0.8), (2, 0.9))]
+    runs.append(dict(batch=128, policy="p", seed=0, test_acc=0.1, diverged=True))
+    t = scaling.summarize(runs)
+    assert list(t) == [(64, "p"), (128, "p")]
+    s = t[64, "p"]
+    assert s.accs == (0.8, 0.7, 0.9) and s.diverged == 0            # in seed order
+    assert (s.mean, s.low, s.high) == (pytest.approx(0.8), 0.7, 0.9)
+    assert t[128, "p"].diverged == 1
+    with pytest.raises(ValueError, match="seed .* repeats"):
+        scaling.summarize(runs + [dict(runs[0])])
+
+
+def test_verdicts_read_the_mean_of_the_seeds_and_any_divergence_breaks():
+    def runs(batch, policy, accs, diverged=()):
+        return [dict(batch=batch, policy=policy, seed=i, test_acc=a, diverged=i in diverged)
+                for i, a in enumerate(accs)]
+    sweep = (runs(64, "p", [0.80, 0.82]) + runs(64, "q", [0.80, 0.82])
+             + runs(128, "p", [0.78, 0.82])            # mean 0.80 >= 0.81 - 0.02: held
+             + runs(128, "q", [0.85, 0.85], diverged=(1,)))   # one seed diverged: broke
+    v = {x.policy: x for x in scaling.verdicts(sweep, base_batch=64, tol=0.02)}
+    assert (v["p"].held_up_to, v["p"].broke_at) == (128, None)
+    assert v["p"].acc_at_largest == pytest.approx(0.80)
+    assert (v["q"].held_up_to, v["q"].broke_at, v["q"].how) == (64, 128, "diverged")
+
+
+def test_plot_gaps_draws_every_policy_with_the_seeds_range():
+    import matplotlib
+    matplotlib.use("Agg")
+    pol = scaling.POLICIES[:2]
+    sweep = [dict(batch=b, policy=p.name, seed=s, test_acc=0.8 - 0.1 * (b == 128) + 0.01 * s,
+                  diverged=False) for b in (64, 128) for p in pol for s in range(3)]
+    ax = scaling.plot_gaps(scaling.summarize(sweep), (64, 128), 64, policies=pol, title="t")
+    bars = ax.containers                       # one errorbar container per policy
+    assert [c.get_label() for c in bars] == [p.name for p in pol]
+    assert list(bars[0].lines[0].get_ydata()) == pytest.approx([0.0, -10.0])  # points below B = 64
+    segs = bars[0].lines[2][0].get_segments()  # the bar: lowest to highest seed, in points
+    assert [seg[1][1] - seg[0][1] for seg in segs] == pytest.approx([2.0, 2.0])
+    assert [t.get_text() for t in ax.get_legend().get_texts()][:1] == ["seeds at B = 64"]
 
 
 def test_verdicts_need_the_base_batch():
