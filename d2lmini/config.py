@@ -7,7 +7,8 @@ Profiles (``D2LMINI_PROFILE``)
 ``smoke``  the regression tests: small data, one short epoch; a notebook runs in <= 90 s on
            2 CPU cores.  Numbers it produces say nothing about the frameworks.
 ``cpu``    the default on a machine without GPUs; the book's stored outputs come from it.
-           A notebook runs in <= 10 min on 2 CPU cores.
+           Most notebooks run in <= 10 min on 2 CPU cores; the from-scratch notebooks (full
+           data, 6 epochs) and the batch-size sweep (39 training runs) take up to ~25 min.
 ``gpu``    the default on a machine with NVIDIA GPUs: the original tutorials' models and
            hyper-parameters on full Fashion-MNIST (their batch sizes and learning rates; the
            concise chapter trains 3 epochs instead of their 10, to stay within minutes).
@@ -66,6 +67,7 @@ class ScalingHP:
     seeds: int                  # runs of every (batch, policy), with seeds 0, 1, ...
     momentum: float = 0.9
     hold_tol: float = 0.02      # "held accuracy": at most this below the base batch's accuracy
+    probe_samples: int = 256    # training images on which the sharpness is measured
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,7 +124,7 @@ PROFILES: dict[str, Profile] = {
                     overlap_steps=3, overlap_batch=32, overlap_width=8),
         scaling=ScalingHP(train_samples=2048, test_samples=512, epochs=1, base_batch=64,
                           base_lr=0.025, batch_sizes=(64, 256), warmup_epochs=0.25,
-                          decay_epochs=0.25, seeds=2),
+                          decay_epochs=0.25, seeds=2, probe_samples=32),
         sharded=ShardedHP(device_batch=8, proof_steps=3, lr=1e-3, accum_steps=4,
                           train_samples=2048, test_samples=512, epochs=1, batch_size=64,
                           min_test_acc=0.2, max_acc_gap=0.15),
