@@ -14,7 +14,6 @@ from .config import (PROFILES, DevicePlan, GPUBuildMissing, Profile, get_profile
 from .data import (BatchIterator, DataError, FashionMNIST, TEXT_LABELS, calibration_batches,
                    find_data_dir,
                    get_fashion_mnist_labels, load_fashion_mnist)
-from .plot import Animator
 from .utils import (TIE_MARGIN, Accumulator, Timer, check_device_count, evaluate_accuracy_with,
                     predictions_agree, shard_slices, show_diff, train_summary, unified_diff)
 from .models import resnet18_init, resnet18_spec
@@ -37,3 +36,12 @@ from . import sharding  # noqa: E402  (the sharded chapter's state accounting)
 from .models import LENET_SHAPES, lenet_init  # noqa: E402
 
 __all__ += ["LENET_SHAPES", "lenet_init", "sharding"]
+
+
+def __getattr__(name):
+    # Animator needs matplotlib (0.3 s to import): loaded when first used, so that the ranks a
+    # notebook launches, which never plot, do not pay for it.
+    if name == "Animator":
+        from .plot import Animator
+        return Animator
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

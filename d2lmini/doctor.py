@@ -464,6 +464,8 @@ def _frameworks(values) -> list[str]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--json-file", metavar="PATH",
+                   help="also write the report as JSON to PATH (the printed report as asked)")
     p.add_argument("-f", "--framework", action="append", metavar="FW",
                    help="only this framework (torch, jax, paddle, mxnet); repeatable")
     p.add_argument("--require", action="append", metavar="FW[,FW]", default=[],
@@ -481,6 +483,10 @@ def run(args) -> int:
     frameworks = [fw for fw in FRAMEWORKS if not only or fw in only or fw in require]
     report = diagnose(frameworks, require=set(require), timeout=args.timeout)
     print(json.dumps(report, indent=1) if args.json else render(report))
+    if args.json_file:
+        with open(args.json_file, "w") as f:
+            json.dump(report, f, indent=1)
+            f.write("\n")
     return 0 if report["ok"] else 1
 
 

@@ -38,6 +38,56 @@ try:
     jax.config.update("jax_num_cpu_devices", _WANTED)
 except RuntimeError:  # backends already initialised: checked in try_all_gpus()
     pass
+
+
+def share_compiled_programs_across_cpu_devices() -> bool:
+    """Let JAX's persistent compilation cache serve a program compiled for one CPU device to
+    every other CPU device, and to processes that split the host into another number of
+    devices.  Returns whether the cache key is device-neutral now.
+
+    JAX compiles a program once per device it runs on (a jitted step called on device 3 is
+    compiled for device 3), and its persistent cache (``JAX_COMPILATION_CACHE_DIR``, which the
+    test harness sets) keys each program on the CPU by its device assignment and by the
+    topology of all the host's devices -- on GPUs it already leaves the assignment out, since
+    the compiled code does not depend on it: the devices are given when the executable is
+    loaded.  So with 8 simulated CPU devices every per-device program of the from-scratch
+    lessons was compiled 8 times, and a notebook's one-device programs again at k = 1, 2 and
+    8.  This keys a CPU program by the program, its compile options without the device
+    assignment, and the kind and number of its own devices; the executable is loaded for the
+    devices of the call, which ``tests/test_backends.py`` checks (results right, and on the
+    right devices).  A speed-up only: nothing changes when the cache is off, for GPU programs,
+    or when this JAX's private cache-key functions do not look as expected."""
+    import inspect
+    try:
+        from jax._src import cache_key
+        options, accelerators = (cache_key._hash_serialized_compile_options,
+                                 cache_key._hash_accelerator_config)
+        by_kind = cache_key._hash_devices
+    except (ImportError, AttributeError):
+        return False
+    if getattr(options, "device_neutral", False):
+        return True
+    if ("strip_device_assignment" not in inspect.signature(options).parameters
+            or list(inspect.signature(accelerators).parameters) != ["hash_obj", "accelerators"]):
+        return False
+
+    def options_without_assignment(hash_obj, compile_options, strip_device_assignment=False):
+        return options(hash_obj, compile_options, strip_device_assignment=True)
+
+    def cpu_devices_by_kind(hash_obj, devices):
+        if all(d.platform == "cpu" for d in devices.flat):
+            return by_kind(hash_obj, devices)      # kind of each of the program's devices
+        return accelerators(hash_obj, devices)
+
+    options_without_assignment.device_neutral = True
+    cache_key._hash_serialized_compile_options = options_without_assignment
+    cache_key._hash_accelerator_config = cpu_devices_by_kind
+    return True
+
+
+if not nvidia_gpus():
+    share_compiled_programs_across_cpu_devices()
+
 if exact_everywhere():
     # D2LMINI_EXACT=1: full float32 matrix products and deterministic GPU reductions for the
     # whole process (XLA reads its flags once, when the backend starts).

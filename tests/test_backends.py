@@ -178,3 +178,59 @@ def test_invalid_device_count_is_rejected():
                        env=dict(os.environ, D2LMINI_NUM_DEVICES="zero"))
     assert r.returncode != 0
     assert "D2LMINI_NUM_DEVICES must be a positive integer" in r.stderr
+
+
+_CACHE_SCRIPT = """
+import sys
+import numpy as np
+if sys.argv[1] == "d2lmini":
+    from d2lmini import jax as d2l           # sets 8 CPU devices, keys the cache device-neutrally
+    devices = d2l.try_all_gpus()
+else:                                        # the control: JAX as it comes
+    import jax
+    jax.config.update("jax_num_cpu_devices", int(sys.argv[2]))
+    devices = jax.devices()
+import jax, jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+hits = []
+jax.monitoring.register_event_listener(
+    lambda event, **kw: hits.append(1) if event == "/jax/compilation_cache/cache_hits" else None)
+f = jax.jit(lambda x: jnp.sin(x) * 2 + x.sum())
+x = np.arange(6.0, dtype=np.float32)
+want = np.sin(x) * 2 + x.sum()
+for d in devices:                            # the same program on each device
+    y = f(jax.device_put(x, d))
+    assert y.devices() == {d} and np.allclose(np.asarray(y), want), (d, y)
+per_device = len(hits)
+for pair in (devices[:2], devices[-2:]):     # one collective program on two device pairs
+    mesh = Mesh(np.array(pair), ("d",))
+    s = jax.jit(lambda v: v.sum(), out_shardings=NamedSharding(mesh, P()))(
+        jax.device_put(np.arange(8.0, dtype=np.float32), NamedSharding(mesh, P("d"))))
+    assert {sh.device for sh in s.addressable_shards} == set(pair) and float(s) == 28.0
+print("HITS", per_device, len(hits) - per_device)
+"""
+
+
+@pytest.mark.parametrize("how", ["d2lmini", "plain"])
+def test_jax_cache_serves_one_cpu_devices_program_to_the_others(tmp_path, how):
+    """With 8 simulated CPU devices, d2lmini.jax makes JAX's persistent cache hand the program
+    compiled for the first device to the other seven (and a collective compiled for devices
+    0-1 to devices 6-7), with results right and on the right devices; a process with 2
+    devices then finds all of them compiled.  Plain JAX compiles each again (the control:
+    this is what the change buys)."""
+    script = tmp_path / "cache.py"
+    script.write_text(_CACHE_SCRIPT)
+    hits = []
+    for k in (8, 2):
+        env = dict(os.environ, D2LMINI_NUM_DEVICES=str(k), CUDA_VISIBLE_DEVICES="",
+                   JAX_COMPILATION_CACHE_DIR=str(tmp_path / "cache"),
+                   JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                   JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+        env.pop("XLA_FLAGS", None)
+        r = subprocess.run([sys.executable, str(script), how, str(k)], capture_output=True,
+                           text=True, env=env, timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        hits.append(tuple(map(int, r.stdout.split("HITS")[1].split())))
+    # k = 2, where both pairs are devices 0-1: d2lmini finds every program compiled by the
+    # 8-device run; plain JAX only finds its own first pair's program again (same devices)
+    assert hits == ([(7, 1), (2, 2)] if how == "d2lmini" else [(0, 0), (0, 1)]), hits

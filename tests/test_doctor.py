@@ -332,16 +332,29 @@ def run_doctor(tmp_path, smi_lines, *args, env=None):
     return r
 
 
+def run_doctor_both(tmp_path, smi_lines, *args, env=None):
+    """One doctor run: its printed (human) report and the JSON report of ``--json-file``."""
+    js = tmp_path / "report.json"
+    r = run_doctor(tmp_path, smi_lines, "--json-file", str(js), *args, env=env)
+    return r, json.loads(js.read_text())
+
+
 @pytest.fixture(scope="module")
 def h100(tmp_path_factory):
-    """The doctor on a fake H100: human output and JSON (one run each)."""
-    t = tmp_path_factory.mktemp("h100")
-    return run_doctor(t, H100), run_doctor(t, H100, "--json")
+    """The doctor on a fake H100, once: human output and the JSON report."""
+    return run_doctor_both(tmp_path_factory.mktemp("h100"), H100)
+
+
+@pytest.fixture(scope="module")
+def no_gpu(tmp_path_factory):
+    """The doctor where nvidia-smi fails, once (3 simulated devices): human output and JSON."""
+    return run_doctor_both(tmp_path_factory.mktemp("nogpu"), FAILS,
+                           env={"D2LMINI_NUM_DEVICES": "3"})
 
 
 @needs_cpu_venv
-def test_doctor_without_gpu_is_happy_and_lists_cpu_devices(tmp_path):
-    r = run_doctor(tmp_path, FAILS)
+def test_doctor_without_gpu_is_happy_and_lists_cpu_devices(no_gpu):
+    r, _ = no_gpu
     assert r.returncode == 0, r.stdout + r.stderr
     lines = r.stdout.splitlines()
     assert "host GPUs : none (nvidia-smi reports none)" in lines
@@ -353,10 +366,9 @@ def test_doctor_without_gpu_is_happy_and_lists_cpu_devices(tmp_path):
 
 
 @needs_cpu_venv
-def test_doctor_json_without_gpu(tmp_path):
-    r = run_doctor(tmp_path, FAILS, "--json", env={"D2LMINI_NUM_DEVICES": "3"})
+def test_doctor_json_without_gpu(no_gpu):
+    r, rep = no_gpu
     assert r.returncode == 0
-    rep = json.loads(r.stdout)
     assert rep["ok"] is True and rep["problems"] == [] and rep["host"]["gpus"] == []
     assert rep["profile"] == "cpu" and rep["num_devices"] == "3"
     assert list(rep["frameworks"]) == list(FRAMEWORKS)
@@ -369,9 +381,8 @@ def test_doctor_json_without_gpu(tmp_path):
 
 @needs_cpu_venv
 def test_doctor_on_an_h100_names_the_cpu_builds_and_mxnet(h100):
-    human, js = h100
-    assert human.returncode == 1 and js.returncode == 1
-    rep = json.loads(js.stdout)
+    human, rep = h100
+    assert human.returncode == 1
     assert rep["ok"] is False and rep["profile"] == "gpu"
     assert rep["host"]["gpus"][0]["compute_capability"] == [9, 0]
     by_fw = {p["framework"]: p for p in rep["problems"]}
@@ -404,9 +415,11 @@ def test_doctor_on_an_h100_names_the_cpu_builds_and_mxnet(h100):
 
 @needs_cpu_venv
 def test_doctor_on_a100s_mxnet_is_supported_but_a_cpu_build(tmp_path):
-    r = run_doctor(tmp_path, A100, "--json", "-f", "mxnet")
+    r = run_doctor(tmp_path, A100, "--json", "-f", "mxnet", "--json-file",
+                   str(tmp_path / "report.json"))
     assert r.returncode == 1
     rep = json.loads(r.stdout)
+    assert json.loads((tmp_path / "report.json").read_text()) == rep   # --json-file: the same
     assert list(rep["frameworks"]) == ["mxnet"] and len(rep["host"]["gpus"]) == 2
     assert rep["frameworks"]["mxnet"]["gpu_supported"] is True
     (p,) = rep["problems"]
