@@ -63,7 +63,7 @@ book: data
 # notebook at one device count one unit of work, handed out longest first
 # (tests/durations.json; `tools/test_durations.py _build/test-results.xml` refreshes it from
 # the last run).  TEST_WORKERS=0 runs everything in this process, one after the other.
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 TEST_ARGS ?=
 comma := ,
 empty :=

@@ -111,3 +111,35 @@ def test_command_line_reports_where(real_dir):
     r = subprocess.run([sys.executable, "-m", "d2lmini", "data", "--no-download"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "Fashion-MNIST verified in" in r.stdout
+
+
+def test_decompressed_bytes_are_kept_verified_and_do_not_hide_a_changed_file(
+        isolated, real_dir, monkeypatch):
+    d = copy_data(real_dir, isolated / "kept")
+    monkeypatch.setenv("D2LMINI_DATA", str(d))
+    first = d2lmini.load_fashion_mnist(500, 100)
+    kept = sorted((D.cache_dir().parent / "unpacked").iterdir())
+    assert len(kept) == 4
+    # the next load reads the kept bytes: no gzip at all
+    D._load_full.cache_clear()
+    with monkeypatch.context() as m:
+        m.setattr(D.gzip, "open", lambda *a, **k: (_ for _ in ()).throw(OSError("not used")))
+        again = d2lmini.load_fashion_mnist(500, 100)
+    assert np.array_equal(first.X_train, again.X_train)
+    assert np.array_equal(first.y_test, again.y_test)
+    # a damaged kept copy is not used: the file is decompressed, verified and kept again
+    biggest = max(kept, key=lambda p: p.stat().st_size)
+    raw = bytearray(biggest.read_bytes())
+    raw[5000] ^= 0xFF
+    biggest.write_bytes(bytes(raw))
+    D._load_full.cache_clear()
+    assert np.array_equal(d2lmini.load_fashion_mnist(500, 100).X_train, first.X_train)
+    assert biggest.read_bytes() != bytes(raw)
+    # a data file that changes after its bytes were kept is checked again, and caught
+    f = d / "train-labels-idx1-ubyte.gz"
+    labels = bytearray(gzip.decompress(f.read_bytes()))
+    labels[100] = (labels[100] + 1) % 10
+    f.write_bytes(gzip.compress(bytes(labels)))
+    D._load_full.cache_clear()
+    with pytest.raises(D.DataError, match="train-labels-idx1-ubyte.gz is corrupt"):
+        d2lmini.load_fashion_mnist()
