@@ -30,17 +30,27 @@ BOOK_GROUP = "the built book"
 
 def pytest_addoption(parser):
     parser.addoption(
+        "--cpu-seconds", default="", metavar="PATH",
+        help="write the CPU seconds (user + system) each unit of work took, its processes and "
+             "every process they waited for included, to PATH as JSON (make test: "
+             "_build/cpu-seconds.json; tools/test_durations.py reads it)")
+    parser.addoption(
         "--device-counts", default="",
         help="comma-separated device counts to run every notebook with, e.g. "
              "'default,1,8' ('default': D2LMINI_NUM_DEVICES as the environment sets it)")
 
 
 def pytest_configure(config):
+    _cpu["runs_tests"] = (hasattr(config, "workerinput")
+                          or not getattr(config.option, "numprocesses", None))
     # JAX compiles every program it runs, and on 2 cores XLA's compilation is most of the JAX
     # notebooks' time (concise/jax, k = 2: 127 s cold, 36 s with every program cached). The
     # kernels, launched scripts and test processes of one run compile many of the same
-    # programs, so they share JAX's persistent cache (keyed by the program, the devices it runs
-    # on, and the JAX/XLA versions: a hit is the program that would have been compiled).
+    # programs, so they share JAX's persistent cache (keyed by the program and the JAX/XLA
+    # versions: a hit is the program that would have been compiled).  d2lmini.jax keys a CPU
+    # program without its device assignment and the host's device count
+    # (share_compiled_programs_across_cpu_devices): a per-device program compiles once for
+    # the 8 stand-ins, and a notebook's one-device programs once for k = 1, 2 and 8.
     # JAX_COMPILATION_CACHE_DIR set (even empty: no cache) is left as it is.
     if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
         os.environ["JAX_COMPILATION_CACHE_DIR"] = str(config.rootpath / "_build" / "jax-cache")
@@ -175,3 +185,53 @@ def pytest_collection_modifyitems(config, items):
         order.setdefault(unit, (-float(seconds.get(unit, UNKNOWN_SECONDS)), i))
     # Longest unit first (stable: a unit's items keep their order, nbval cells run in order).
     items.sort(key=lambda it: order[work_unit(it.nodeid)])
+
+
+# --- CPU seconds per unit of work (--cpu-seconds) --------------------------------------------
+# A unit's CPU time is this process's own plus that of every child it waited for (a notebook's
+# kernel when nbval shuts it down, and with it the launched ranks the kernel waited for),
+# counted from the unit's first test to the next unit's first test.  Wall time alone cannot
+# tell a unit that computes from one that waits, nor how much two busy workers slow each other.
+_cpu = {"unit": None, "start": 0.0, "seconds": {}, "runs_tests": True}
+
+
+def _cpu_now() -> float:
+    import resource
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def _cpu_close() -> None:
+    if _cpu["unit"] is not None:
+        seconds = _cpu["seconds"]
+        seconds[_cpu["unit"]] = seconds.get(_cpu["unit"], 0.0) + _cpu_now() - _cpu["start"]
+
+
+def pytest_runtest_logstart(nodeid, location):
+    if not _cpu["runs_tests"]:                 # xdist's controller: the workers run the tests
+        return
+    unit = work_unit(nodeid)
+    if unit != _cpu["unit"]:
+        _cpu_close()
+        _cpu.update(unit=unit, start=_cpu_now())
+
+
+def pytest_sessionfinish(session, exitstatus):
+    path = session.config.getoption("cpu_seconds", default="")
+    if not path:
+        return
+    _cpu_close()
+    _cpu["unit"] = None
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    worker = getattr(session.config, "workerinput", {}).get("workerid")
+    if worker:                             # each worker its own file; the controller merges
+        path.with_name(f"{path.name}.{worker}").write_text(json.dumps(_cpu["seconds"]))
+        return
+    merged = dict(_cpu["seconds"])
+    for part in sorted(path.parent.glob(path.name + ".gw*")):
+        for unit, sec in json.loads(part.read_text()).items():
+            merged[unit] = merged.get(unit, 0.0) + sec
+        part.unlink()
+    path.write_text(json.dumps({u: round(s, 1) for u, s in
+                                sorted(merged.items(), key=lambda kv: -kv[1])}, indent=1) + "\n")

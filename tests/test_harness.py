@@ -135,3 +135,26 @@ def test_workers_give_kernels_one_openmp_thread_and_a_shared_jax_cache(tmp_path)
     finally:
         os.environ.update({v: x for v, x in saved.items() if x is not None})
     assert rc == 0 and "1 passed" in out, out
+
+
+def test_cpu_seconds_count_each_units_kernel_and_its_children(tmp_path):
+    """--cpu-seconds: a notebook whose kernel computes for about a second, through a child
+    process it waits for, is charged that second; a test file that only sleeps is not."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(
+        "import subprocess, sys\n"
+        "r = subprocess.run([sys.executable, '-c', 'import time\\nt = time.process_time()\\n"
+        "while time.process_time() - t < 1.5: pass'], check=True)", execution_count=1)]
+    nbformat.write(nb, tmp_path / "busy.ipynb")
+    (tmp_path / "test_idle.py").write_text("import time\n\ndef test_sleeps():\n"
+                                           "    time.sleep(1.5)\n")
+    for workers in ("0", "2"):
+        out_file = tmp_path / f"cpu-{workers}.json"
+        rc, out = run(tmp_path, "-n", workers, "--cpu-seconds", str(out_file),
+                      "busy.ipynb", "test_idle.py")
+        assert rc == 0 and "2 passed" in out, out
+        seconds = json.loads(out_file.read_text())
+        assert set(seconds) == {"busy.ipynb", "test_idle.py"}, seconds
+        assert seconds["busy.ipynb"] >= 1.4, seconds     # the child's 1.5 s of CPU
+        assert seconds["test_idle.py"] < 0.5, seconds
+        assert not list(tmp_path.glob(out_file.name + ".gw*"))   # the workers' parts merged

@@ -2,13 +2,16 @@
 
     .venv/bin/python -m pytest ... --junitxml=_build/junit.xml
     .venv/bin/python tools/test_durations.py _build/junit.xml     # rewrites tests/durations.json
+    .venv/bin/python tools/test_durations.py _build/junit.xml _build/cpu-seconds.json
 
 A unit is what one xdist worker runs in one go (``conftest.work_unit``): a notebook at one
 device count, a test file, or the tests of the built book. ``make test`` hands the units out
 longest first, so that the longest ones do not start last. The file only orders the work; a
 unit missing from it runs anyway (counted as ``conftest.UNKNOWN_SECONDS``).
 
-It also prints the seconds per kind of unit (README's table of where the time goes).
+It also prints the seconds per kind of unit (README's table of where the time goes), and the
+CPU seconds per kind when the run wrote them (``--cpu-seconds``, which ``make test`` passes:
+``_build/cpu-seconds.json`` beside the XML is read by default).
 """
 from __future__ import annotations
 
@@ -79,9 +82,23 @@ def main(argv=None) -> int:
     per_kind = collections.Counter()
     for u, s in seconds.items():
         per_kind[kind(u)] += s
+    # CPU seconds per unit (conftest.py --cpu-seconds), when the run wrote them beside the XML
+    cpu_file = Path(argv[1]) if len(argv) > 1 else Path(argv[0]).with_name("cpu-seconds.json")
+    cpu = json.loads(cpu_file.read_text()) if cpu_file.is_file() else {}
+    cpu_kind = collections.Counter()
+    for u, s in cpu.items():
+        cpu_kind[kind(u)] += s
+    head = "test time" + ("      CPU (user + system)" if cpu else "")
+    print(f"{'':55s} {head}")
     for k, s in sorted(per_kind.items()):
-        print(f"{k:55s} {s / 60:6.1f} min")
-    print(f"{'total (test time summed over workers)':55s} {sum(seconds.values()) / 60:6.1f} min")
+        extra = f"   {cpu_kind[k] / 60:6.1f} min" if cpu else ""
+        print(f"{k:55s} {s / 60:6.1f} min{extra}")
+    extra = f"   {sum(cpu.values()) / 60:6.1f} min" if cpu else ""
+    print(f"{'total (summed over workers)':55s} {sum(seconds.values()) / 60:6.1f} min{extra}")
+    if cpu:
+        print("largest CPU users:")
+        for u, s in sorted(cpu.items(), key=lambda kv: -kv[1])[:15]:
+            print(f"  {u:53s} {s:6.0f} s CPU, {seconds.get(u, 0):6.0f} s test time")
     print(f"wrote {DURATIONS.relative_to(ROOT)} ({len(seconds)} units)")
     return 0
 
