@@ -158,3 +158,13 @@ def test_cpu_seconds_count_each_units_kernel_and_its_children(tmp_path):
         assert seconds["busy.ipynb"] >= 1.4, seconds     # the child's 1.5 s of CPU
         assert seconds["test_idle.py"] < 0.5, seconds
         assert not list(tmp_path.glob(out_file.name + ".gw*"))   # the workers' parts merged
+
+
+def test_make_check_runs_the_harness_tests_only_when_the_harness_changed():
+    check = load("check_tool", ROOT / "tools" / "check.py")
+    names = lambda files: {p.name for p in check.unit_tests(files)}
+    quiet = names(set())                              # nothing of the harness changed
+    assert "test_core.py" in quiet and "test_harness.py" not in quiet
+    assert not quiet & set(check.SLOW)
+    assert "test_harness.py" in names({"conftest.py"})
+    assert "test_harness.py" in names({"tools/check.py", "chapters/comm/jax.ipynb"})

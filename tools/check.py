@@ -6,7 +6,8 @@
 
 * Unit tests: every ``tests/test_*.py`` except the slow ones in :data:`SLOW` (the book build,
   the browsers, launched multi-process and fault runs, the GPU-run pipeline), which only
-  ``make test`` runs.
+  ``make test`` runs, and those of :data:`WHEN_CHANGED` (the harness's own tests) unless
+  their files changed.
 * Notebooks: those changed since main's last commit (``git diff`` against the merge base
   with ``main``, plus uncommitted and untracked files), and every notebook of a chapter whose
   other files (scripts, recipes, results) changed -- checked by nbval under the smoke profile
@@ -32,6 +33,14 @@ SLOW = {                       # what only `make test` runs, and why it is slow
     "test_multinode.py": "launches simulated nodes",
     "test_gpu_run.py": "runs notebooks through tools/gpu_run.py",
     "test_recipes.py": "trains the eight recipe scripts",
+}
+
+
+# Unit tests of the test machinery itself: run when it changed (they start pytest sessions and
+# kernels of their own: 107 s of CPU, a third of the unit tests'), always by `make test`.
+WHEN_CHANGED = {
+    "test_harness.py": ("conftest.py", "tools/test_durations.py", "tools/check.py",
+                        "tests/test_harness.py", "Makefile"),
 }
 
 
@@ -65,8 +74,11 @@ def changed_notebooks(files: set[str]) -> list[Path]:
     return sorted(q for q in out if ".ipynb_checkpoints" not in q.parts)
 
 
-def unit_tests() -> list[Path]:
-    return sorted(p for p in (ROOT / "tests").glob("test_*.py") if p.name not in SLOW)
+def unit_tests(files: set[str] | None = None) -> list[Path]:
+    """The unit tests; those of :data:`WHEN_CHANGED` only when one of their files changed."""
+    files = changed_files() if files is None else files
+    return sorted(p for p in (ROOT / "tests").glob("test_*.py") if p.name not in SLOW
+                  and (p.name not in WHEN_CHANGED or files & set(WHEN_CHANGED[p.name])))
 
 
 def main(argv=None) -> int:
@@ -76,15 +88,18 @@ def main(argv=None) -> int:
     ap.add_argument("-n", "--workers", type=int, default=3,
                     help="pytest-xdist worker processes (default 3)")
     args = ap.parse_args(argv)
+    files = changed_files()
     notebooks = ([Path(n).resolve() for n in args.notebooks] if args.notebooks
-                 else changed_notebooks(changed_files()))
+                 else changed_notebooks(files))
     missing = [str(n) for n in notebooks if not n.is_file()]
     if missing:
         print("check: no such notebook: " + ", ".join(missing), file=sys.stderr)
         return 2
-    targets = unit_tests() + notebooks
-    print(f"check: {len(targets) - len(notebooks)} unit test files (not: "
-          f"{', '.join(sorted(SLOW))}), {len(notebooks)} notebook(s)"
+    tests = unit_tests(files)
+    targets = tests + notebooks
+    skipped = sorted(SLOW) + [t for t in WHEN_CHANGED if ROOT / "tests" / t not in tests]
+    print(f"check: {len(tests)} unit test files (not: "
+          f"{', '.join(sorted(skipped))}), {len(notebooks)} notebook(s)"
           + (": " + ", ".join(str(n.relative_to(ROOT)) for n in notebooks) if notebooks else ""),
           flush=True)
     if args.list:
