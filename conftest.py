@@ -41,8 +41,9 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
-    _cpu["runs_tests"] = (hasattr(config, "workerinput")
-                          or not getattr(config.option, "numprocesses", None))
+    # CPU accounting (--cpu-seconds) where tests run: not in xdist's controller
+    _cpu["runs_tests"] = bool(config.getoption("cpu_seconds", default="")) and (
+        hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None))
     # JAX compiles every program it runs, and on 2 cores XLA's compilation is most of the JAX
     # notebooks' time (concise/jax, k = 2: 127 s cold, 36 s with every program cached). The
     # kernels, launched scripts and test processes of one run compile many of the same
@@ -208,7 +209,7 @@ def _cpu_close() -> None:
 
 
 def pytest_runtest_logstart(nodeid, location):
-    if not _cpu["runs_tests"]:                 # xdist's controller: the workers run the tests
+    if not _cpu["runs_tests"]:                 # no --cpu-seconds, or xdist's controller
         return
     unit = work_unit(nodeid)
     if unit != _cpu["unit"]:

@@ -139,34 +139,35 @@ def _unpacked_path(path: Path, sha256: str) -> Path | None:
     return cache_dir().parent / "unpacked" / f"{sha256[:16]}-{source.hexdigest()[:16]}.idx"
 
 
-def _read_unpacked(path: Path, sha256: str) -> bytes | None:
-    """The decompressed bytes of ``path`` kept by an earlier load, if they still verify."""
-    unpacked = _unpacked_path(path, sha256)
+def _read_unpacked(kept: Path | None, sha256: str) -> bytes | None:
+    """The decompressed bytes kept at ``kept`` by an earlier load, if they still verify."""
     try:
-        raw = unpacked.read_bytes() if unpacked else None
+        raw = kept.read_bytes() if kept else None
     except OSError:
         return None
     return raw if raw is not None and hashlib.sha256(raw).hexdigest() == sha256 else None
 
 
-def _keep_unpacked(path: Path, sha256: str, raw: bytes) -> None:
+def _keep_unpacked(kept: Path | None, raw: bytes) -> None:
     """Keep the verified bytes for the next process (a launched rank, the next notebook):
     reading them back and checking their SHA-256 costs 0.05 s, decompressing 0.35 s.  Best
     effort: a cache that cannot be written changes nothing."""
-    unpacked = _unpacked_path(path, sha256)
-    if unpacked is None:
+    if kept is None:
         return
+    tmp = None
     try:
-        unpacked.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=unpacked.parent, delete=False) as tmp:
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=kept.parent, delete=False) as tmp:
             tmp.write(raw)
-        os.replace(tmp.name, unpacked)
+        os.replace(tmp.name, kept)
     except OSError:
-        pass
+        if tmp is not None:
+            Path(tmp.name).unlink(missing_ok=True)
 
 
 def _read_idx(path: Path, sha256: str, shape: tuple[int, ...]) -> np.ndarray:
-    raw = _read_unpacked(path, sha256)
+    kept = _unpacked_path(path, sha256)
+    raw = _read_unpacked(kept, sha256)
     if raw is None:
         try:
             with gzip.open(path, "rb") as f:
@@ -178,7 +179,7 @@ def _read_idx(path: Path, sha256: str, shape: tuple[int, ...]) -> np.ndarray:
             raise DataError(
                 f"{path} is corrupt: the SHA-256 of its decompressed contents is {got}, "
                 f"expected {sha256}.\n{HOW_TO_FIX}")
-        _keep_unpacked(path, sha256, raw)
+        _keep_unpacked(kept, raw)
     # IDX header: 2 zero bytes, dtype code 0x08 (uint8), number of dimensions, then sizes.
     ndim = raw[3]
     dims = tuple(int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
