@@ -9,8 +9,10 @@ cells, the same nbval comparisons, the same sanitizers as three separate pytest 
 
 Under pytest-xdist (``-n N --dist loadfile``) a notebook at one device count is one unit of
 work (its cells share one kernel, in order), and so is a test file (its module fixtures are
-built once); the tests that use the built book form one unit, so it is built once. Units are
-handed out longest first, by the seconds recorded in ``tests/durations.json``
+built once); the tests that use the built book form one unit, so it is built once. A JAX
+notebook's units at its device counts go to one worker, one after the other, so that each
+finds the programs the others compiled in JAX's persistent cache (:func:`schedule_group`).
+Groups are handed out longest first, by the seconds recorded in ``tests/durations.json``
 (``tools/test_durations.py`` rewrites it from a run's JUnit XML); a unit not recorded there
 counts as :data:`UNKNOWN_SECONDS`.
 """
@@ -156,17 +158,33 @@ def work_unit(nodeid: str) -> str:
     return BOOK_GROUP if unit in BOOK_FILES else unit
 
 
+# Notebooks whose units at the different device counts compile many of the same programs into
+# JAX's persistent cache: the one-device programs at every count, and all of them where a
+# lesson needs at least 2 devices (concise: k = 1 runs the k = 2 programs).  A program is in the
+# cache only once the unit that compiled it has stored it, so two such units side by side both
+# compile it (concise/jax: k = 1 took 161 s next to k = 8, k = 2 75 s after them).
+SHARE_COMPILED = ("jax.ipynb",)
+
+
+def schedule_group(unit: str) -> str:
+    """The units that one worker runs one after the other: a JAX notebook at all its device
+    counts (see :data:`SHARE_COMPILED`); any other unit on its own."""
+    path = unit.split("[k=", 1)[0]
+    return path if path.endswith(".ipynb") and Path(path).name in SHARE_COMPILED else unit
+
+
 @pytest.hookimpl(optionalhook=True)     # pytest without pytest-xdist (a GPU server) must still run
 def pytest_xdist_make_scheduler(config, log):
-    """``--dist loadfile`` with the units of :func:`work_unit`, handed out in collection
-    order (which :func:`pytest_collection_modifyitems` sorts longest first)."""
+    """``--dist loadfile`` with the groups of :func:`schedule_group` (units of
+    :func:`work_unit`), handed out in collection order (which
+    :func:`pytest_collection_modifyitems` sorts longest first)."""
     if config.getoption("dist", "no") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
 
     class WorkUnitScheduling(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return work_unit(nodeid)
+            return schedule_group(work_unit(nodeid))
 
     config.option.loadscopereorder = False
     return WorkUnitScheduling(config, log)
@@ -180,12 +198,24 @@ def pytest_collection_modifyitems(config, items):
         seconds = json.loads(DURATIONS.read_text())
     except (OSError, ValueError):
         seconds = {}
-    order = {}
+    first, group_first, group_seconds = {}, {}, {}
     for i, item in enumerate(items):
         unit = work_unit(item.nodeid)
-        order.setdefault(unit, (-float(seconds.get(unit, UNKNOWN_SECONDS)), i))
-    # Longest unit first (stable: a unit's items keep their order, nbval cells run in order).
-    items.sort(key=lambda it: order[work_unit(it.nodeid)])
+        if unit in first:
+            continue
+        group = schedule_group(unit)
+        first[unit] = i
+        group_first.setdefault(group, i)
+        group_seconds[group] = (group_seconds.get(group, 0.0)
+                                + float(seconds.get(unit, UNKNOWN_SECONDS)))
+
+    def order(item):
+        unit = work_unit(item.nodeid)
+        group = schedule_group(unit)
+        return -group_seconds[group], group_first[group], first[unit]
+    # Longest group first, a group's units together in collection order (stable: a unit's
+    # items keep their order, nbval cells run in order).
+    items.sort(key=order)
 
 
 # --- CPU seconds per unit of work (--cpu-seconds) --------------------------------------------

@@ -100,6 +100,34 @@ def test_units_are_notebooks_at_a_count_test_files_and_the_book():
     assert harness.work_unit("tests/test_book.py::test_z") == harness.BOOK_GROUP
 
 
+def test_a_jax_notebooks_counts_run_one_after_the_other_on_one_worker():
+    """Its units share compiled programs through JAX's cache: one group, handed out whole,
+    its units in collection order; the other units on their own, longest group first."""
+    assert harness.schedule_group("chapters/concise/jax.ipynb[k=8]") == \
+        harness.schedule_group("chapters/concise/jax.ipynb") == "chapters/concise/jax.ipynb"
+    assert harness.schedule_group("chapters/concise/pytorch.ipynb[k=8]") == \
+        "chapters/concise/pytorch.ipynb[k=8]"
+    assert harness.schedule_group("tests/test_jax_concise.py") == "tests/test_jax_concise.py"
+
+    class Item:
+        def __init__(self, nodeid):
+            self.nodeid = nodeid
+
+    class Config:
+        workerinput = {"workerid": "gw0"}
+
+    ids = ["ch/a.ipynb::Cell 0", "ch/a.ipynb[k=1]::Cell 0", "ch/jax.ipynb::Cell 0",
+           "ch/jax.ipynb::Cell 1", "ch/b.ipynb::Cell 0", "ch/jax.ipynb[k=1]::Cell 0",
+           "ch/jax.ipynb[k=8]::Cell 0", "ch/jax.ipynb[k=8]::Cell 1", "tests/test_x.py::t"]
+    items = [Item(i) for i in ids]
+    harness.pytest_collection_modifyitems(Config(), items)   # none recorded: 30 s a unit
+    assert [it.nodeid for it in items] == [
+        "ch/jax.ipynb::Cell 0", "ch/jax.ipynb::Cell 1", "ch/jax.ipynb[k=1]::Cell 0",
+        "ch/jax.ipynb[k=8]::Cell 0", "ch/jax.ipynb[k=8]::Cell 1",
+        "ch/a.ipynb::Cell 0", "ch/a.ipynb[k=1]::Cell 0", "ch/b.ipynb::Cell 0",
+        "tests/test_x.py::t"]
+
+
 def test_durations_come_from_junit_and_name_the_units(tmp_path):
     td = load("test_durations_tool", ROOT / "tools" / "test_durations.py")
     junit = tmp_path / "junit.xml"
