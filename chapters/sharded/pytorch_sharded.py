@@ -165,7 +165,7 @@ def train(kind, batches, args, device, world, rank):
 
 
 def accumulation(batches, args, device, world, rank) -> float:
-    """DDP: A micro-batches with no_sync for all but the last, one Adam step; against one step
+    """DDP: A micro-batches with no_sync for all but the last, one SGD step; against one step
     on the whole batch.  The largest difference of the parameters afterwards."""
     X, y = batches[0]
     part = d2lmini.shard_slices(len(y), world)[rank]
@@ -173,7 +173,9 @@ def accumulation(batches, args, device, world, rank) -> float:
     results = []
     for micro in (1, args.accum):
         model = DDP(LeNet().to(device))
-        optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+        # plain SGD: the update is linear in the gradient; Adam's first step is lr * sign(g),
+        # which turns the rounding of a near-zero gradient into a full step of lr
+        optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
         pieces = d2lmini.shard_slices(len(y), micro)
         for i, piece in enumerate(pieces):
             last = i == len(pieces) - 1
