@@ -162,7 +162,8 @@ def work_unit(nodeid: str) -> str:
 # JAX's persistent cache: the one-device programs at every count, and all of them where a
 # lesson needs at least 2 devices (concise: k = 1 runs the k = 2 programs).  A program is in the
 # cache only once the unit that compiled it has stored it, so two such units side by side both
-# compile it (concise/jax: k = 1 took 161 s next to k = 8, k = 2 75 s after them).
+# compile it (concise/jax in the fresh-clone run of 25c2c03: k = 1 took 161 s next to k = 8,
+# k = 2 75 s after them; alone from an empty cache, k = 2 then k = 1: 94 s and 49 s).
 SHARE_COMPILED = ("jax.ipynb",)
 
 
