@@ -48,14 +48,46 @@ def browser():
         b.close()
 
 
-def open_page(browser, url):
-    page = browser.new_page()
-    problems = []
+def watch(page, problems):
+    """Record the page's console errors, page errors and failed requests in ``problems``;
+    return the set of its requests in flight, which :func:`visit` waits to empty."""
+    in_flight = set()
     page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}")
             if m.type == "error" else None)
     page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
-    page.on("requestfailed", lambda r: problems.append(f"request failed: {r.url}"))
-    page.goto(url, wait_until="networkidle")
+    page.on("request", lambda r: in_flight.add(r))
+    page.on("requestfinished", lambda r: in_flight.discard(r))
+
+    def failed(r):
+        in_flight.discard(r)
+        problems.append(f"request failed: {r.url}")
+    page.on("requestfailed", failed)
+    return in_flight
+
+
+QUIET_S, POLL_MS, SETTLE_LIMIT_S = 0.15, 50, 30
+
+
+def visit(page, url, in_flight):
+    """Go to ``url``: its load event, then until no request of the page has been in flight for
+    QUIET_S (Playwright's "networkidle" waits 0.5 s of quiet on every page, half the time of
+    a visit here); the requests started in the meantime (scripts, fonts, MathJax) are
+    waited for."""
+    page.goto(url, wait_until="load")
+    quiet, waited = 0.0, 0.0
+    while quiet < QUIET_S:
+        page.wait_for_timeout(POLL_MS)          # Playwright delivers the page's events here
+        waited += POLL_MS / 1000
+        quiet = 0.0 if in_flight else quiet + POLL_MS / 1000
+        if waited > SETTLE_LIMIT_S:
+            raise AssertionError(f"{url}: requests still in flight after {SETTLE_LIMIT_S} s: "
+                                 + ", ".join(sorted(r.url for r in in_flight)))
+
+
+def open_page(browser, url):
+    page = browser.new_page()
+    problems = []
+    visit(page, url, watch(page, problems))
     return page, problems
 
 
@@ -88,7 +120,7 @@ PAGE_FACTS = """() => {
 @pytest.fixture(scope="module")
 def seen(site, browser):
     """``seen(width)``: {path: facts} for every page of the book at that window width (each
-    page loaded once, until the network is idle; console errors, page errors and failed
+    page loaded once, until no request is in flight, :func:`visit`; console errors, page errors and failed
     requests in ``facts['problems']``)."""
     html, base = site
     cache = {}
@@ -98,13 +130,10 @@ def seen(site, browser):
             cache[width] = {}
             page = browser.new_page(viewport={"width": width, "height": 900})
             problems = []
-            page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}")
-                    if m.type == "error" else None)
-            page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
-            page.on("requestfailed", lambda r: problems.append(f"request failed: {r.url}"))
+            in_flight = watch(page, problems)
             for path in PAGES:
                 problems.clear()
-                page.goto(base + path, wait_until="networkidle")
+                visit(page, base + path, in_flight)
                 cache[width][path] = dict(page.evaluate(PAGE_FACTS), problems=list(problems))
                 page.goto("about:blank")   # leaving a page cancels its late requests (favicon)
             page.close()
@@ -181,10 +210,7 @@ def test_framework_tabs_switch_together(site, browser):
 def open_at(browser, url, width, height=900):
     page = browser.new_page(viewport={"width": width, "height": height})
     problems = []
-    page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}")
-            if m.type == "error" else None)
-    page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
-    page.goto(url, wait_until="networkidle")
+    visit(page, url, watch(page, problems))
     return page, problems
 
 
@@ -362,7 +388,7 @@ def test_side_by_side_copy_button_copies_code_that_runs(site, browser, path):
     context = browser.new_context(viewport={"width": 1400, "height": 900})
     context.grant_permissions(["clipboard-read", "clipboard-write"], origin=base.rstrip("/"))
     page = context.new_page()
-    page.goto(base + path, wait_until="networkidle")
+    visit(page, base + path, watch(page, []))
     cells = page.locator(".sbs-cell.sbs-shown")
     assert cells.count() >= 4
     copied = []

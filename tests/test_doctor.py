@@ -443,7 +443,8 @@ def test_a_crashing_failing_or_hanging_import_is_a_problem_not_a_traceback(tmp_p
                        "paddle": "import time\ntime.sleep(600)\n"}.items():
         (fakes / name).mkdir(parents=True)
         (fakes / name / "__init__.py").write_text(body)
-    r = run_doctor(tmp_path, FAILS, "--json", "--timeout", "30",
+    # the hanging import is waited for this long; the real torch probe beside it takes ~2-6 s
+    r = run_doctor(tmp_path, FAILS, "--json", "--timeout", "15",
                    env={"PYTHONPATH": str(fakes)})
     assert r.returncode == 1
     rep = json.loads(r.stdout)
@@ -451,7 +452,7 @@ def test_a_crashing_failing_or_hanging_import_is_a_problem_not_a_traceback(tmp_p
     assert set(by_fw) == {"mxnet", "jax", "paddle"}
     assert "crashed" in by_fw["mxnet"] and "SIGABRT" in by_fw["mxnet"]
     assert "ImportError: simulated: libcudart.so.12" in by_fw["jax"]
-    assert "did not finish within 30 s" in by_fw["paddle"]
+    assert "did not finish within 15 s" in by_fw["paddle"]
     assert rep["frameworks"]["torch"]["status"] == "ok"
 
 
