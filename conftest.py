@@ -171,7 +171,7 @@ def schedule_group(unit: str) -> str:
     """The units that one worker runs one after the other: a JAX notebook at all its device
     counts (see :data:`SHARE_COMPILED`); any other unit on its own."""
     path = unit.split("[k=", 1)[0]
-    return path if path.endswith(".ipynb") and Path(path).name in SHARE_COMPILED else unit
+    return path if Path(path).name in SHARE_COMPILED else unit
 
 
 @pytest.hookimpl(optionalhook=True)     # pytest without pytest-xdist (a GPU server) must still run

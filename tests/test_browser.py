@@ -84,13 +84,6 @@ def visit(page, url, in_flight):
                                  + ", ".join(sorted(r.url for r in in_flight)))
 
 
-def open_page(browser, url):
-    page = browser.new_page()
-    problems = []
-    visit(page, url, watch(page, problems))
-    return page, problems
-
-
 PAGES = [f"{f}.html" for f in toc_files()]
 
 
@@ -120,8 +113,8 @@ PAGE_FACTS = """() => {
 @pytest.fixture(scope="module")
 def seen(site, browser):
     """``seen(width)``: {path: facts} for every page of the book at that window width (each
-    page loaded once, until no request is in flight, :func:`visit`; console errors, page errors and failed
-    requests in ``facts['problems']``)."""
+    page loaded once, by :func:`visit`; console errors, page errors and failed requests in
+    ``facts['problems']``)."""
     html, base = site
     cache = {}
 
@@ -188,7 +181,7 @@ def test_framework_tabs_switch_together(site, browser):
     html, base = site
     pages = [p for p in PAGES if "framework-tabs" in (html / p).read_text(errors="replace")]
     assert pages, "no page uses the framework tabs"
-    page, problems = open_page(browser, base + pages[0])
+    page, problems = open_at(browser, base + pages[0], 1280, 720)   # Playwright's default window
     tabsets = page.locator(".framework-tabs .sd-tab-set, .sd-tab-set")
     n = tabsets.count()
     assert n >= 2
