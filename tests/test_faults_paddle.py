@@ -107,3 +107,26 @@ def test_free_port_run_gives_identical_replicas(busy_default_port, tmp_path):
     assert logs[0]["test_acc"] == logs[1]["test_acc"]
     # each rank trained on its own half of every batch
     assert all(step[3] == 16 for log in logs for step in log["steps"])
+
+
+def test_the_gloo_start_up_server_stops_when_told_not_3_s_later():
+    """d2lmini.paddle puts its copy of Paddle's key-value server loop (rank 0's, for the gloo
+    start-up of init_parallel_env) in Paddle's place: the same loop, which stops once its flag
+    says so and every worker has left, looking every 0.05 s instead of every 3 s."""
+    import inspect
+    import threading
+
+    from paddle.distributed import parallel
+    assert parallel._start_kv_server is d2l._start_kv_server
+    assert d2l._poll_kv_server_often()                     # idempotent: still in place
+    assert list(inspect.signature(parallel._start_kv_server).parameters) == [
+        "port", "http_server_d", "size"]
+    flag = {"running": True}
+    server = threading.Thread(target=d2l._start_kv_server,
+                              args=(launch.free_port(), flag, {}), daemon=True)
+    server.start()
+    time.sleep(0.3)
+    assert server.is_alive()                               # serves while the flag is up
+    flag["running"] = False
+    server.join(timeout=2.5)                               # Paddle's own loop: up to 3 s
+    assert not server.is_alive()
