@@ -54,7 +54,8 @@ def _start_kv_server(port, http_server_d, size):
     On CPUs (gloo), ``init_parallel_env`` on rank 0 serves a key-value store from a child
     process, whose loop sleeps 3 s between looks at its stop flag, and joins that process
     before it returns: every CPU launch of Paddle ranks waited up to 3 s, doing nothing (on
-    average about 1.5 s).  The same loop, only a shorter sleep; GPUs (NCCL) never start it."""
+    average about 1.5 s).  The same loop, only a shorter sleep; GPUs (NCCL) never start it.
+    (Importing Paddle's ``http_server`` opens ``http.log`` in the working directory.)"""
     import time
 
     from paddle.distributed.fleet.utils.http_server import KVServer
@@ -73,9 +74,10 @@ def _poll_kv_server_often() -> bool:
 
     from paddle.distributed import parallel
     original = getattr(parallel, "_start_kv_server", None)
-    if original is None or original is _start_kv_server:
-        return original is _start_kv_server
-    if list(inspect.signature(original).parameters) != ["port", "http_server_d", "size"]:
+    if original is _start_kv_server:
+        return True
+    if original is None or list(inspect.signature(original).parameters) != [
+            "port", "http_server_d", "size"]:
         return False
     parallel._start_kv_server = _start_kv_server
     return True
