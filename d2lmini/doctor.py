@@ -291,7 +291,8 @@ def diagnose(frameworks, require=(), timeout: float = DEFAULT_TIMEOUT) -> dict:
         from .config import num_simulated_devices
         num_simulated_devices()
     except ValueError as e:
-        problem("d2lmini", str(e), "set D2LMINI_NUM_DEVICES to a positive integer, or unset it")
+        problem("d2lmini", str(e), "set D2LMINI_NUM_DEVICES to an integer from 1 to 8 (or to the "
+                "number of GPUs), or unset it")
 
     reports = {fw: Report(fw) for fw in frameworks}
     todo = []

@@ -124,10 +124,20 @@ def try_gpu(i: int = 0):
     return jax.devices("gpu")[i] if num_gpus() > i else jax.devices("cpu")[0]
 
 
+def gpus_hidden() -> str | None:
+    """``"JAX_PLATFORMS='cpu'"`` (the setting) when it keeps JAX off the GPUs, else None."""
+    platforms = (os.environ["JAX_PLATFORMS"] if "JAX_PLATFORMS" in os.environ
+                 else jax.config.jax_platforms or "")
+    names = {p.strip().lower() for p in platforms.split(",") if p.strip()}
+    if names and not names & {"cuda", "gpu", "rocm"}:
+        return f"JAX_PLATFORMS={platforms!r}"
+    return None
+
+
 def plan(at_least: int = 1):
     """How many devices of which kind the notebooks use (decided once; see
     :func:`d2lmini.config.plan_devices`)."""
-    return device_plan(FRAMEWORK, num_gpus, at_least, stand_in="cpu")
+    return device_plan(FRAMEWORK, num_gpus, at_least, stand_in="cpu", hidden=gpus_hidden())
 
 
 def try_all_gpus(at_least: int = 1) -> list:

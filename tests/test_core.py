@@ -33,7 +33,8 @@ def test_default_profile_follows_the_hardware(monkeypatch):
 
 def test_gpu_profile_keeps_the_original_hyperparameters():
     g = d2lmini.PROFILES["gpu"]
-    assert (g.scratch.epochs, g.scratch.batch_size, g.scratch.lr) == (5, 256, 0.3)
+    # their batch and rate; 10 epochs, not their 5, which leave the larger batch short (0.645)
+    assert (g.scratch.epochs, g.scratch.batch_size, g.scratch.lr) == (10, 256, 0.3)
     # the larger batch keeps lr 0.3: 0.6 is what the chapter shows collapsing to chance
     assert (g.scratch.big_batch_size, g.scratch.big_lr) == (512, 0.3)
     # their model, batch and rate; 3 epochs of their 10 keep a one-H100 run within minutes
@@ -42,7 +43,8 @@ def test_gpu_profile_keeps_the_original_hyperparameters():
     assert g.scratch.train_samples is None and g.concise.train_samples is None
 
 
-@pytest.mark.parametrize("raw,ok", [("1", True), ("4", True), ("0", False), ("-2", False), ("two", False)])
+@pytest.mark.parametrize("raw,ok", [("1", True), ("4", True), ("8", True), ("0", False),
+                                    ("-2", False), ("two", False)])
 def test_num_simulated_devices(monkeypatch, raw, ok):
     monkeypatch.setenv("D2LMINI_NUM_DEVICES", raw)
     if ok:
@@ -50,6 +52,23 @@ def test_num_simulated_devices(monkeypatch, raw, ok):
     else:
         with pytest.raises(ValueError, match="positive integer"):
             d2lmini.num_simulated_devices()
+
+
+@pytest.mark.parametrize("raw", ["9", "9999"])
+def test_too_many_devices_is_a_clear_error(host, raw):
+    """A typo such as 9999 must not split the CPU into thousands of devices: the error says
+    what the book supports and what to do."""
+    host(0, requested=raw)
+    with pytest.raises(ValueError, match=r"D2LMINI_NUM_DEVICES=%s .*from 1 to 8.*unset it" % raw):
+        d2lmini.requested_devices()
+
+
+def test_a_machine_with_more_gpus_may_use_them_all(host):
+    host(16, requested=16)
+    assert d2lmini.requested_devices() == 16
+    host(16, requested=17)
+    with pytest.raises(ValueError, match="from 1 to 16.*this machine has 16 GPUs"):
+        d2lmini.requested_devices()
 
 
 # --- which devices a lesson uses ----------------------------------------------------------

@@ -6,6 +6,11 @@
 * ``record_result`` from a notebook whose working directory was replaced while the kernel ran
   (a checkout re-sent under a running kernel): relative results paths are taken from the
   folder the process started in.
+* The second run (one H200, gpu profile): concise/jax's wrong-import-order demonstration
+  launched a child with ``JAX_PLATFORMS=cpu`` only; on the GPU host that child stopped with
+  "the installed jax is a CPU build" (the gpu profile's refusal to fall back) instead of the
+  lesson's message.  Run here from the notebook's own cell, on a faked GPU host (a fake
+  ``nvidia-smi`` on PATH, which the child inherits).
 """
 import json
 import os
@@ -102,3 +107,57 @@ def test_jax_synchronize_waits_on_every_platform_in_use(monkeypatch):
     asked.clear()
     d2l.synchronize(d2l.jax.devices("cpu")[:1])                # CPU stand-ins: the CPU's
     assert asked == ["cpu"]
+
+
+def fake_gpu_host(tmp_path, name="NVIDIA H200"):
+    """PATH with an ``nvidia-smi`` that reports one GPU, for this process's children."""
+    bin_dir = tmp_path / "fake-bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\n"
+                   'case "$*" in\n'
+                   f'  *--query-gpu*) echo "0, {name}, 9.0, 143771, 580.159.04";;\n'
+                   f'  *) echo "GPU 0: {name} (UUID: GPU-0)";;\n'
+                   "esac\n")
+    smi.chmod(0o755)
+    return f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
+
+
+def notebook_cell(path: str, marker: str) -> str:
+    cells = json.loads((ROOT / path).read_text())["cells"]
+    return next("".join(c["source"]) for c in cells
+                if c["cell_type"] == "code" and marker in "".join(c["source"]))
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_jax_wrong_import_order_demo_on_a_gpu_host(tmp_path, k):
+    """The cell as the notebook has it, under the gpu profile on a one-GPU host: the child
+    must fail with the lesson's message, not with the gpu profile's refusal."""
+    cell = notebook_cell("chapters/concise/jax.ipynb", "Restart the kernel")
+    code = f"import d2lmini, d2lmini.launch\nk = {k}\n" + cell
+    env = dict(os.environ, PATH=fake_gpu_host(tmp_path), D2LMINI_PROFILE="gpu")
+    env.pop("D2LMINI_NUM_DEVICES", None)
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=300, env=env, cwd=ROOT / "chapters" / "concise")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip() == "fails with a clear message: True", r.stdout + r.stderr[-2000:]
+
+
+def test_jax_platforms_cpu_on_a_gpu_host_is_named_not_called_a_cpu_build(host, monkeypatch):
+    host(1, profile="gpu")
+    with pytest.raises(config.GPUBuildMissing,
+                       match=r"JAX_PLATFORMS='cpu' hides .* unset JAX_PLATFORMS") as e:
+        config.plan_devices("jax", 0, stand_in="cpu", hidden="JAX_PLATFORMS='cpu'")
+    assert "CPU build" not in str(e.value)
+    host(1, profile="smoke", requested=3)
+    p = config.plan_devices("jax", 0, stand_in="cpu", hidden="JAX_PLATFORMS='cpu'")
+    assert (p.kind, p.count) == ("cpu", 3) and "JAX_PLATFORMS" in p.note
+
+
+@pytest.mark.parametrize("value,hidden", [("cpu", True), ("CPU", True), ("cuda,cpu", False),
+                                          ("gpu", False), ("", False)])
+def test_jax_gpus_hidden_reads_jax_platforms(monkeypatch, value, hidden):
+    from d2lmini import jax as d2l
+    monkeypatch.setenv("JAX_PLATFORMS", value)
+    assert (d2l.gpus_hidden() is not None) == hidden
