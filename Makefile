@@ -15,7 +15,7 @@ TEST_PROFILE ?= smoke
 # Device counts the notebooks are tested with besides the default 2 (make test).
 TEST_DEVICE_COUNTS ?= 1 8
 
-.PHONY: book test check sweep lab venv data browser notebooks benchmark clean gpu-venv gpu-check doctor
+.PHONY: book test check sweep lab venv data browser notebooks benchmark clean gpu-venv gpu-check doctor rehearse
 
 venv: $(STAMP)
 
@@ -105,6 +105,15 @@ lab: data
 notebooks: data
 	$(PY) tools/execute_notebooks.py chapters
 
+# Rehearse a profile's training on this machine before a GPU sees it (default: the gpu profile
+# with one device, as a one-GPU reader runs it): make rehearse NB="chapters/scratch/pytorch.ipynb"
+# -> benchmarks/rehearsal/<chapter>-<notebook>.json, which tests/test_rehearsal.py holds the
+# profile to.  Up to an hour a notebook on 2 cores.
+REHEARSE_ARGS ?=
+rehearse: data
+	@test -n "$(NB)" || { echo 'usage: make rehearse NB="chapters/scratch/pytorch.ipynb ..."' >&2; exit 2; }
+	$(PY) tools/rehearse.py $(REHEARSE_ARGS) $(NB)
+
 # Time the scratch and concise implementations on 1, 2 and 4 devices -> benchmarks/results.json
 benchmark: data
 	$(PY) tools/benchmark.py
@@ -163,8 +172,8 @@ doctor:
 # framework it can import (nbval where pytest+nbval+ipykernel are there, else the code cells),
 # each from a private copy of the checkout: smoke profile with 1 device, smoke with 8 (stand-ins
 # where there are fewer GPUs), both over every chapter, and the gpu profile on every GPU for
-# the devices, scratch and concise chapters (designed for <= 10 min on one H100 for PyTorch
-# and JAX) followed by the benchmark.
+# the devices, scratch and concise chapters (designed for <= 8 min on one H100/H200 for
+# PyTorch and JAX; unconfirmed on GPU) followed by the benchmark.
 # Reports: $(GPU_RUN_OUT)/{smoke-k1,smoke-k8,gpu-profile}/gpu-report.{json,md} (+ results-gpu.json).
 # More options for all three: GPU_RUN_ARGS="--frameworks torch,jax --chapters devices".
 .PHONY: gpu-run

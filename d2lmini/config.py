@@ -169,8 +169,11 @@ PROFILES: dict[str, Profile] = {
         # The original tutorials train 10 epochs; the concise notebooks train five runs each
         # (recipe, 1 device, k devices, spawn, larger batch), which at 10 epochs took 643 s for
         # PyTorch alone on one H100 (two ranks sharing the GPU).  3 epochs keep their model,
-        # data, batch sizes and learning rates, and the devices, scratch and concise notebooks
-        # of PyTorch and JAX within 10 minutes on one H100 (designed; see benchmarks/).
+        # data, batch sizes and learning rates.  On one GPU (fewer GPUs than k) the k-device
+        # work takes the cpu profile's sizes (multi_device_profile): at 3 epochs concise/pytorch
+        # still took 385 s of the six notebooks' 658 s on one H200 (2026-11-27), all of it
+        # ranks sharing the GPU.  Designed: the devices, scratch and concise notebooks of
+        # PyTorch and JAX within 8 minutes on one H100/H200 -- unconfirmed on GPU.
         concise=TrainHP(train_samples=None, test_samples=None, epochs=3,
                         batch_size=256, lr=0.1, big_batch_size=512, big_lr=0.2,
                         width=64, min_test_acc=0.8),
@@ -377,15 +380,22 @@ def multi_device_profile(plan: DevicePlan, profile: Profile | None = None) -> Pr
     """The profile whose sizes a lesson's runs on the ``plan.count`` devices use.
 
     ``profile`` (default: :func:`get_profile`) itself, with one exception: under the ``gpu``
-    profile, when the plan's devices are simulated CPU devices standing in for GPUs
-    (``plan.cpu_stand_ins``: the framework has a GPU, but fewer than k, and cannot repeat one),
-    the ``cpu`` profile.  The gpu profile's runs (full Fashion-MNIST, the seeds' widths and
-    epochs) would take an hour on CPU devices; the cpu profile's are sized for them (a
-    notebook in minutes).  One-device runs keep ``profile`` and run on the GPU.  Backends whose
-    stand-ins are the GPUs themselves (``stand_in="repeat"``) never get this plan.
+    profile, when the plan's devices are stand-ins (the framework has GPUs, but fewer than
+    k), the ``cpu`` profile.  Stand-ins teach the API, not speed:
+
+    * simulated CPU devices (``plan.cpu_stand_ins``; JAX, whose meshes cannot hold one device
+      twice) would take an hour for the gpu profile's runs (full Fashion-MNIST, the original
+      tutorials' widths and epochs; seen on an H100: over 15 minutes for part of concise/jax);
+      one-device runs keep ``profile`` and run on the GPU;
+    * GPUs repeated (``stand_in="repeat"``; PyTorch) run every process on the same GPUs, and
+      their DDP all-reduces go through host memory (gloo: NCCL refuses two ranks on one GPU):
+      concise/pytorch spent 385 s on one H200 (2026-11-27) for nothing that one GPU can show.
+
+    The cpu profile's runs are sized for minutes on 2 CPU cores; on a GPU they take seconds.
     """
     profile = profile or get_profile()
-    if plan.cpu_stand_ins and profile.name == "gpu":
+    if plan.stand_ins and plan.count > plan.gpus and profile.name == "gpu" and (
+            plan.cpu_stand_ins or plan.kind == "gpu"):
         return PROFILES["cpu"]
     return profile
 

@@ -1,7 +1,7 @@
 """d2lmini.config.multi_device_profile: the sizes of a lesson's k-device work.
 
-JAX meshes cannot hold one device twice, so on a host with fewer GPUs than k the k devices
-are simulated CPU devices (``plan_devices(..., stand_in="cpu")``).  Under the gpu profile their
+On a host with fewer GPUs than k the k devices are stand-ins: the GPUs repeated (PyTorch),
+or, since JAX meshes cannot hold one device twice, simulated CPU devices (``plan_devices(..., stand_in="cpu")``).  Under the gpu profile their
 work would take an hour on the CPU (seen on an H100: the concise JAX notebook trained the
 width-64 ResNet-18 on CPU stand-ins for over 15 minutes), so it takes the cpu profile's sizes,
 while one-device runs keep the gpu profile and the GPU.  The GPU hosts are faked (``host``
@@ -38,9 +38,24 @@ def test_the_lighter_profiles_are_kept_on_stand_ins(host):
         assert plan.cpu_stand_ins and rule(plan).name == name
 
 
+def test_repeated_gpus_take_the_cpu_profiles_sizes(host):
+    """GPUs repeated as stand-ins (PyTorch on a one-GPU host): every rank on the same GPU, the
+    all-reduce through host memory; concise/pytorch took 385 s of the gpu profile's 658 s on
+    one H200.  The k-device work takes the cpu profile's sizes there, on the GPU."""
+    host(1, profile="gpu")
+    plan = d2lmini.plan_devices("torch", 1, at_least=2)
+    assert (plan.kind, plan.count, plan.gpus, plan.stand_ins) == ("gpu", 2, 1, True)
+    assert rule(plan).name == "cpu"
+    host(4, profile="gpu", requested=8)
+    assert rule(d2lmini.plan_devices("torch", 4)).name == "cpu"
+    for name in ("smoke", "cpu"):
+        host(1, profile=name)
+        assert rule(d2lmini.plan_devices("torch", 1, at_least=2)).name == name
+
+
 def test_every_other_plan_keeps_the_profile(host):
-    host(1, profile="gpu")                     # GPUs repeated as stand-ins: they run on the GPU
-    assert rule(d2lmini.plan_devices("torch", 1, at_least=2)).name == "gpu"
+    host(2, profile="gpu")                     # one GPU per device: the gpu profile
+    assert rule(d2lmini.plan_devices("torch", 2, at_least=2)).name == "gpu"
     host(8, profile="gpu")                                  # enough GPUs
     plan = d2lmini.plan_devices("jax", 8, at_least=2, stand_in="cpu")
     assert plan.kind == "gpu" and not plan.cpu_stand_ins and rule(plan).name == "gpu"

@@ -1,0 +1,84 @@
+"""The gpu profile's training settings are those a machine has run (tools/rehearse.py).
+
+The stored rehearsals (``benchmarks/rehearsal/*.json``) hold the profile to what ran: a
+setting or threshold changed after its rehearsal fails here until it is rehearsed again, and
+every rehearsed run must clear its threshold by the stated margin.
+"""
+import dataclasses
+import importlib.util
+import json
+from pathlib import Path
+
+import nbformat
+import pytest
+
+import d2lmini
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("rehearse", ROOT / "tools" / "rehearse.py")
+rehearse = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(rehearse)
+
+RECORDS = sorted((ROOT / "benchmarks" / "rehearsal").glob("*.json"))
+
+
+def test_there_are_rehearsals():
+    assert RECORDS, "no rehearsal stored in benchmarks/rehearsal"
+
+
+@pytest.mark.parametrize("path", RECORDS, ids=lambda p: p.name)
+def test_a_rehearsal_matches_the_profile_and_clears_its_thresholds(path):
+    rec = json.loads(path.read_text())
+    nb = ROOT / rec["notebook"]
+    assert nb.exists() and rehearse.out_path(nb) == path
+    chapter = nb.parent.name
+    section = rehearse.HARVEST[chapter]["section"]
+    profile = d2lmini.PROFILES[rec["profile"]]
+    now = dataclasses.asdict(getattr(profile, section))
+    assert rec["settings"] == now, (
+        f"{rec['notebook']}: the {rec['profile']} profile's {section} settings changed since "
+        f"they were rehearsed; run make rehearse NB={rec['notebook']} again")
+    assert rec["notebook_status"] == "passed", rec["notebook_status"]
+    t = rec["thresholds"]
+    assert t["min_test_acc"] == now["min_test_acc"]
+    assert rec["margin"] == rehearse.MARGIN
+    for run in rec["runs"]:
+        assert run["test_acc"] >= t["min_test_acc"] + rehearse.MARGIN, (
+            f"{rec['notebook']}: {run} does not clear {t['min_test_acc']} by {rehearse.MARGIN}")
+    if "max_acc_gap" in t:
+        accs = [r["test_acc"] for r in rec["runs"]]
+        assert t["max_acc_gap"] == now["max_acc_gap"]
+        assert max(accs) - min(accs) <= t["max_acc_gap"]
+
+
+def test_every_chapter_the_gpu_profile_trains_is_rehearsed_or_says_why_not():
+    """A chapter whose training the gpu profile sizes is rehearsed, or NOT_REHEARSED says why
+    its thresholds are safe without it."""
+    gpu, cpu = d2lmini.PROFILES["gpu"], d2lmini.PROFILES["cpu"]
+    trained = {"scratch": "scratch", "concise": "concise", "sharded": "sharded",
+               "comparison/batch-size": "scaling"}
+    rehearsed = {json.loads(p.read_text())["notebook"].split("/")[1] for p in RECORDS}
+    for chapter, section in trained.items():
+        assert getattr(gpu, section) != getattr(cpu, section)
+        assert chapter in rehearsed or chapter in rehearse.NOT_REHEARSED, chapter
+        assert chapter in rehearse.HARVEST or chapter in rehearse.NOT_REHEARSED, chapter
+
+
+def test_the_runs_are_read_even_when_a_check_fails(tmp_path):
+    """The tool reads the runs out of the kernel after the first failing cell: a threshold
+    that is wrong must show by how much, not only that it failed."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("runs = [{'test_acc': 0.645}, {'test_acc': 0.81}]"),
+                nbformat.v4.new_code_cell("assert all(r['test_acc'] > 0.7 for r in runs), runs"),
+                nbformat.v4.new_code_cell("never = 1")]
+    path = tmp_path / "nb.ipynb"
+    nbformat.write(nb, path)
+    data, error, seconds = rehearse.execute(
+        path, "import json\nprint('REHEARSAL ' + json.dumps({'runs': runs, "
+              "'thresholds': {'min_test_acc': 0.7}}))", timeout=60)
+    assert error.startswith("cell 1: ") and "AssertionError" in error
+    assert [r["test_acc"] for r in data["runs"]] == [0.645, 0.81]
+    v = rehearse.verdict(data)
+    assert v["lowest_test_acc"] == 0.645 and v["clearance"] == pytest.approx(-0.055)
+    gap = rehearse.verdict(dict(data, thresholds={"min_test_acc": 0.5, "max_acc_gap": 0.1}))
+    assert gap["acc_gap"] == pytest.approx(0.165) and gap["gap_clearance"] == pytest.approx(-0.065)
