@@ -166,6 +166,17 @@ doctor:
 	  test -x $$v/bin/python || continue; echo "=== $$v"; \
 	  $$v/bin/python -m d2lmini doctor || rc=1; echo; done; exit $$rc
 
+# --- The step benchmark: every framework's step, timed the same way (d2lmini.steptime) ----------
+# On a GPU machine: the fast-path ladder, the step's shape T0 + B t, the epoch span and the
+# card's TF32/bf16 peaks, each framework in its own process (designed for <= 5 min on one
+# H100/H200 for PyTorch and JAX; unconfirmed on GPU).  Without a GPU: STEP_BENCH_ARGS="--allow-cpu --quick".
+STEP_BENCH_ARGS ?=
+STEP_BENCH_OUT ?= benchmarks/gpu-bench/steps.json
+.PHONY: gpu-bench
+gpu-bench:
+	@py="$(PY)"; command -v "$$py" >/dev/null || py="$(PYTHON)"; \
+	  $$py tools/step_bench.py --out $(STEP_BENCH_OUT) $(STEP_BENCH_ARGS)
+
 # --- A GPU server without network: run what can run, write a report --------------------------
 # Any interpreter that holds the frameworks' GPU builds (and d2lmini, or nothing: the tool puts
 # the checkout on PYTHONPATH): `make gpu-run PY=python3`.  Three runs of the notebooks of every

@@ -211,13 +211,15 @@ def _flax():
 
 
 def resnet18(num_classes: int = 10, in_channels: int = 1, width: int = 64,
-             bn_axis_name: str | None = None):
+             bn_axis_name: str | None = None, dtype=None):
     """The seeds' ResNet-18 variant for 28x28 inputs (Flax linen): 3x3 stem, no max-pooling.
 
     Takes NCHW input like the other backends (transposed to NHWC inside).  Call it with
     ``train=True`` and ``mutable=['batch_stats']`` to train.  ``bn_axis_name`` makes
     BatchNorm average its statistics over that mapped axis (cross-device BatchNorm).
-    ``in_channels`` is inferred by Flax.
+    ``in_channels`` is inferred by Flax.  ``dtype`` (e.g. ``jnp.bfloat16``): the dtype every
+    layer computes in, with the parameters kept in float32 (Flax's ``param_dtype``): mixed
+    precision with float32 master weights; the same parameters as the float32 net.
     """
     nn = _flax()
 
@@ -229,12 +231,12 @@ def resnet18(num_classes: int = 10, in_channels: int = 1, width: int = 64,
         @nn.compact
         def __call__(self, X, train: bool):
             bn = lambda: nn.BatchNorm(use_running_average=not train, momentum=0.9,
-                                      axis_name=bn_axis_name)
+                                      axis_name=bn_axis_name, dtype=dtype)
             s = (self.strides, self.strides)
-            Y = nn.relu(bn()(nn.Conv(self.channels, (3, 3), s, padding=1)(X)))
-            Y = bn()(nn.Conv(self.channels, (3, 3), padding=1)(Y))
+            Y = nn.relu(bn()(nn.Conv(self.channels, (3, 3), s, padding=1, dtype=dtype)(X)))
+            Y = bn()(nn.Conv(self.channels, (3, 3), padding=1, dtype=dtype)(Y))
             if self.use_1x1conv:
-                X = nn.Conv(self.channels, (1, 1), s)(X)
+                X = nn.Conv(self.channels, (1, 1), s, dtype=dtype)(X)
             return nn.relu(Y + X)
 
     class ResNet18(nn.Module):
@@ -244,15 +246,17 @@ def resnet18(num_classes: int = 10, in_channels: int = 1, width: int = 64,
         @nn.compact
         def __call__(self, X, train: bool = False):
             X = jnp.transpose(X, (0, 2, 3, 1))  # NCHW -> NHWC
+            if dtype is not None:
+                X = X.astype(dtype)
             w = self.width
-            X = nn.Conv(w, (3, 3), padding=1)(X)
+            X = nn.Conv(w, (3, 3), padding=1, dtype=dtype)(X)
             X = nn.relu(nn.BatchNorm(use_running_average=not train, momentum=0.9,
-                                     axis_name=bn_axis_name)(X))
+                                     axis_name=bn_axis_name, dtype=dtype)(X))
             for i, c in enumerate((w, 2 * w, 4 * w, 8 * w)):
                 X = Residual(c, use_1x1conv=i > 0, strides=1 if i == 0 else 2)(X, train)
                 X = Residual(c)(X, train)
             X = X.mean(axis=(1, 2))
-            return nn.Dense(self.num_classes)(X)
+            return nn.Dense(self.num_classes, dtype=dtype)(X)
 
     return ResNet18(num_classes=num_classes, width=width)
 

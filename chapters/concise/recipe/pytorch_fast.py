@@ -1,0 +1,99 @@
+"""The concise chapter's recipe in PyTorch on one device, with the fast path: pytorch_one.py
+plus the settings a practitioner turns on for a GPU.
+
+    python pytorch_fast.py [--epochs N ...] [--knobs channels_last,benchmark,bf16,compile]
+
+* ``channels_last``: tensors in NHWC, the layout the GPU's convolution kernels want (NCHW,
+  PyTorch's default, makes cuDNN transpose around every convolution);
+* ``benchmark``: ``torch.backends.cudnn.benchmark``: time the convolution algorithms once per
+  input shape and keep the fastest;
+* ``bf16``: ``torch.autocast`` to bfloat16 -- matrix products and convolutions in 16 bits on
+  the tensor cores, the weights and the optimizer in float32 (no loss scaling needed);
+* ``compile``: ``torch.compile`` the model, which fuses the elementwise work around the
+  convolutions (BatchNorm, ReLU, the additions, and autocast's casts) into fewer kernels.
+"""
+import time
+
+import torch
+from torch import nn
+
+import d2lmini
+from d2lmini import recipe
+from d2lmini import torch as d2l
+
+KNOBS = ("channels_last", "benchmark", "bf16", "compile")
+# The ladder the benchmark measures: each rung adds one setting to the one before.
+LADDER = [("defaults", ()), ("channels_last", ("channels_last",)),
+          ("+ cudnn.benchmark", ("channels_last", "benchmark")),
+          ("+ bf16 autocast", ("channels_last", "benchmark", "bf16")),
+          ("+ torch.compile", ("channels_last", "benchmark", "bf16", "compile"))]
+
+
+def prepare(net, device, knobs=()):
+    """The model on `device`, set up for the chosen knobs."""
+    torch.backends.cudnn.benchmark = "benchmark" in knobs
+    net = net.to(device)
+    if "channels_last" in knobs:
+        net = net.to(memory_format=torch.channels_last)
+    return torch.compile(net) if "compile" in knobs else net
+
+
+def make_train_step(model, loss_fn, optimizer, device, knobs=()):
+    """One SGD step on a batch already on `device`; returns the loss (on the device)."""
+    layout = torch.channels_last if "channels_last" in knobs else torch.contiguous_format
+
+    def train_step(X, y):
+        X = X.contiguous(memory_format=layout)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled="bf16" in knobs):
+            loss = loss_fn(model(X), y)       # autocast: the loss is computed in float32
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        return loss.detach()                  # no .item(): the host never waits for a step
+    return train_step
+
+
+@torch.no_grad()
+def evaluate(net, X, y, device, batch_size=256):
+    """Accuracy on the whole test set (X, y), in inference mode, in float32."""
+    net.eval()                            # BatchNorm: the running statistics
+    correct = torch.zeros((), dtype=torch.int64, device=device)
+    for i in range(0, len(y), batch_size):
+        y_hat = net(torch.from_numpy(X[i:i + batch_size]).to(device))
+        correct += (y_hat.argmax(1) == torch.from_numpy(y[i:i + batch_size]).to(device)).sum()
+    return correct.item() / len(y)
+
+
+def main(argv=None):
+    import argparse
+    extra = argparse.ArgumentParser(add_help=False)
+    extra.add_argument("--knobs", default=",".join(KNOBS))
+    known, rest = extra.parse_known_args(argv)
+    knobs = tuple(k for k in known.knobs.split(",") if k)
+    if set(knobs) - set(KNOBS):
+        raise SystemExit(f"unknown knobs {sorted(set(knobs) - set(KNOBS))}; choose from {KNOBS}")
+    args = recipe.parse_args(rest)
+    data = recipe.load_data(args)
+    device = d2l.try_gpu()
+    net = d2l.resnet18(10, 1, width=args.width)
+    d2l.canonical_init(net, d2lmini.resnet18_init(width=args.width, seed=args.seed))
+    model = prepare(net, device, knobs)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+    train_step = make_train_step(model, nn.CrossEntropyLoss(), optimizer, device, knobs)
+    train_iter = d2lmini.BatchIterator(data.X_train, data.y_train, args.batch_size,
+                                       shuffle=True, seed=args.seed, drop_last=True)
+    for epoch in range(args.epochs):
+        model.train()
+        start, losses = time.perf_counter(), []
+        for X, y in train_iter:
+            losses.append(train_step(torch.from_numpy(X).to(device),
+                                     torch.from_numpy(y).to(device)))
+        loss = torch.stack(losses).mean().item()      # one wait, at the end of the epoch
+        seconds = time.perf_counter() - start
+        test_acc = evaluate(net, data.X_test, data.y_test, device)
+        recipe.report(args, epoch, loss, test_acc, devices=1,
+                      framework=d2l.FRAMEWORK, seconds=seconds)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,162 @@
+"""One definition of a step's time (d2lmini.steptime) and the step benchmark that uses it.
+
+The two H200 records of 2026-11-26 timed different spans (PyTorch: launched epochs with the
+data loading inside; JAX: jitted steps on device arrays).  A fake framework whose device works
+asynchronously and whose input pipeline sleeps shows what each span holds: the step time
+excludes the loading and waits for the device; the epoch time includes the loading.
+"""
+import concurrent.futures
+import importlib.util
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from d2lmini import steptime
+
+ROOT = Path(__file__).resolve().parents[1]
+WORK, LOAD = 0.02, 0.03          # seconds: one step on the fake device; loading one batch
+
+
+class FakeDevice:
+    """Work is queued and runs later on a device thread, as on a GPU: a step returns at once."""
+
+    def __init__(self):
+        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+
+    def step(self, batch=None):
+        return self.pool.submit(time.sleep, WORK)
+
+    @staticmethod
+    def wait(future):
+        future.result()
+
+
+def slow_batches(n=4):
+    def gen():
+        for i in range(n):
+            time.sleep(LOAD)            # reading, decoding, collating on the host
+            yield i
+    return gen()
+
+
+def test_the_step_span_waits_for_the_device_and_excludes_the_loading():
+    dev = FakeDevice()
+    t = steptime.time_steps(dev.step, dev.wait, warmup=1, repeats=2, steps=3)
+    assert t.span == steptime.STEP
+    assert WORK * 0.9 <= t.median < WORK + LOAD * 0.5       # the device's time, no loading
+    no_wait = steptime.time_steps(dev.step, lambda out: None, warmup=1, repeats=2, steps=3)
+    assert no_wait.median < WORK * 0.5                      # what a clock without a wait reads
+
+
+def test_the_epoch_span_includes_the_loading():
+    dev = FakeDevice()
+    t = steptime.time_epoch(lambda: slow_batches(4), lambda b: b, dev.step, dev.wait,
+                            repeats=2, warmup_steps=1)
+    assert t.span == steptime.EPOCH and t.steps == 4
+    assert t.median >= LOAD * 0.9                           # loading is on the clock
+    rec = t.as_record()
+    assert rec["span"] == steptime.EPOCH and rec["ms_min"] <= rec["ms_median"] <= rec["ms_max"]
+
+
+def test_timings_need_a_warm_up_and_a_batch():
+    with pytest.raises(ValueError, match="warm-up"):
+        steptime.time_steps(lambda: None, lambda o: None, warmup=0)
+    with pytest.raises(ValueError, match="no batch"):
+        steptime.time_epoch(lambda: iter(()), lambda b: b, lambda b: None, lambda o: None)
+
+
+def test_the_fit_recovers_t0_and_the_slope():
+    fit = steptime.fit_step_time([32, 64, 128, 256], [0.013 + b * 1e-4 for b in (32, 64, 128, 256)])
+    assert fit.t0 == pytest.approx(0.013) and fit.per_example == pytest.approx(1e-4)
+    assert fit.max_rel_error < 1e-12 and fit(0) == pytest.approx(0.013)
+    assert fit.fixed_share == pytest.approx(0.013 / (0.013 + 0.0256))
+    rec = fit.as_record()
+    assert rec["t0_ms"] == pytest.approx(13) and rec["points"][0] == [32.0, pytest.approx(16.2)]
+    # faster than linear growth: no negative fixed cost, a line through the origin
+    clipped = steptime.fit_step_time([1, 2, 4], [0.001, 0.004, 0.012])
+    assert clipped.t0 == 0 and clipped.per_example > 0
+    with pytest.raises(ValueError, match="two distinct"):
+        steptime.fit_step_time([64, 64], [0.01, 0.011])
+
+
+def test_amdahl_the_fixed_part_bounds_the_speed_up():
+    proportional = steptime.fit_step_time([32, 256], [32e-4, 256e-4])
+    assert steptime.predicted_speedup(proportional, 256, 8) == pytest.approx(8)
+    # the H100 records: ~13 ms of a 39 ms step at batch 256 do not shrink with the batch
+    fixed = steptime.StepFit(0.013, 0.026 / 256, ((32, 0.0163), (256, 0.039)), 0.0)
+    s8 = steptime.predicted_speedup(fixed, 256, 8)
+    assert 2.0 < s8 < 2.5                                  # not 8, before any communication
+    assert steptime.predicted_speedup(fixed, 256, 8, comm_seconds=0.002) < s8
+    assert steptime.predicted_speedup(fixed, 256, 8, 0.002, overlap=1.0) == pytest.approx(s8)
+    assert steptime.mfu(1e12, 0.01, 2e14) == pytest.approx(0.5)
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location("step_bench", ROOT / "tools" / "step_bench.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class FakeAdapter:
+    """The step benchmark's view of a framework, with the fake device and a slow pipeline."""
+    numerics = {"": "float32", "bf16": "bf16"}
+    on_gpu = False
+
+    def __init__(self, recipe, allow_cpu):
+        self.dev = FakeDevice()
+
+    def wait(self, out):
+        if out is not None:
+            out.result()
+
+    def peaks(self, n):
+        return {"tf32": 1e18, "bf16": 1e18}
+
+    def step(self, width, batch, knobs):
+        def to_device(b):
+            time.sleep(LOAD)              # the transfer and the loading, per batch
+            return b
+        return self.dev.step, ["fake:0"], self.dev.step, to_device
+
+
+class FakeRecipe:
+    LADDER = [("defaults", ()), ("+ fast", ("fast",))]
+
+
+def test_the_benchmark_times_every_framework_the_same_two_spans(monkeypatch, capsys):
+    tool = _tool()
+    monkeypatch.setitem(tool.ADAPTERS, "torch", FakeAdapter)
+    monkeypatch.setattr(tool, "load_recipe", lambda fw: FakeRecipe)
+    args = tool.parse(["--allow-cpu", "--quick"])
+    tool.worker("torch", args)
+    recs = [json.loads(l[len(tool.MARK):]) for l in capsys.readouterr().out.splitlines()
+            if l.startswith(tool.MARK)]
+    steps = [r for r in recs if r["kind"] == "record" and r["span"] == steptime.STEP]
+    epochs = [r for r in recs if r["kind"] == "record" and r["span"] == steptime.EPOCH]
+    assert {r["rung"] for r in steps} == {"defaults", "+ fast"} and len(epochs) == 1
+    assert all(1e3 * WORK * 0.9 <= r["ms_median"] < 1e3 * (WORK + 0.5 * LOAD) for r in steps)
+    # the host loads the next batch while the device runs the last step: max(WORK, LOAD)
+    assert epochs[0]["ms_median"] >= 1e3 * LOAD * 0.9
+    assert epochs[0]["ms_median"] > max(r["ms_median"] for r in steps)
+    assert all(r["rate_check"] == "passed" and r["arrays_on"] == ["fake:0"] for r in steps)
+    fits = tool.fits_of(recs)
+    assert {f["rung"] for f in fits} == {"defaults", "+ fast"}
+
+
+def test_an_impossible_rate_is_refused(monkeypatch, capsys):
+    tool = _tool()
+
+    class TooFast(FakeAdapter):
+        def peaks(self, n):
+            return {"tf32": 1.0, "bf16": 1.0}          # 1 FLOP/s: every step is impossible
+    monkeypatch.setitem(tool.ADAPTERS, "torch", TooFast)
+    monkeypatch.setattr(tool, "load_recipe", lambda fw: FakeRecipe)
+    tool.worker("torch", tool.parse(["--allow-cpu", "--quick"]))
+    recs = [json.loads(l[len(tool.MARK):]) for l in capsys.readouterr().out.splitlines()
+            if l.startswith(tool.MARK)]
+    assert not [r for r in recs if r["kind"] == "record"]
+    assert all("impossible rate" in r["error"] for r in recs if r["kind"] == "failure")
