@@ -226,6 +226,37 @@ def test_timing_waits_for_the_work():
     assert len(times) == 2 and min(times) >= 0.05 * 0.9
 
 
+def test_placing_the_batch_is_not_timed():
+    """The concise step is timed on a batch already on the devices: ``Case.place`` runs before
+    the clock starts (a slow placement would otherwise show in every step)."""
+    b = load_benchmark()
+    case = b.Case(step=lambda X, y: None, state=lambda: [], replicas=lambda: [], flops=None,
+                  place=lambda X, y: (time.sleep(0.05), (X, y))[1], span=b.STEP_SPAN)
+
+    class Sync(b.Adapter):
+        def block(self, tree):
+            pass
+    times = b.time_case(case, Sync(), [(1, 2), (3, 4)], warmup=1, repeats=2, steps=2)
+    assert max(times) < 0.01
+
+
+def test_launched_ranks_report_the_step_and_the_epoch_apart():
+    """Launched DDP/Paddle ranks time their step on a device batch (``step_s``) and train
+    epochs with their input pipeline (``epoch_s``): the record's step times are the former,
+    the slowest rank per window; the epoch's per-step times go to a field of their own."""
+    b = load_benchmark()
+
+    class Args:
+        concise_steps = 4
+    ranks = [{"step_s": [0.010, 0.012], "epoch_s": [9.0, 0.2, 0.24], "arrays_on": ["cuda:0"]},
+             {"step_s": [0.011, 0.011], "epoch_s": [9.1, 0.22, 0.2], "arrays_on": ["cuda:1"]}]
+    steps, epochs, on = b.launched_times(ranks, "epoch_s", Args)
+    assert steps == [0.011, 0.012]                          # slowest rank, window by window
+    assert epochs == pytest.approx([0.055, 0.06])           # epoch 1 (warm-up) dropped
+    assert on == ["cuda:0", "cuda:1"]
+    assert b.STEP_SPAN == "step on device arrays" and b.EPOCH_SPAN != b.STEP_SPAN
+
+
 def test_cpu_ceiling_is_the_faster_of_framework_and_numpy(monkeypatch):
     monkeypatch.setattr(bench, "numpy_matmul_rate", lambda n=2048, windows=3: 30e9)
     assert bench.cpu_ceiling(11e9, "paddle matmul")[0] == 30e9      # a slow framework matmul

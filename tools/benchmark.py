@@ -20,10 +20,17 @@ Implementations (``--impls``):
             MXNet ``gluon.Trainer`` over the context list and JAX ``jit`` + ``NamedSharding``
             (in the worker process, timed per step like the above); PyTorch DDP launched by
             ``torchrun`` and ``paddle.DataParallel`` launched by ``paddle.distributed.launch``
-            (k processes, also for k = 1), timed by the chapter's training script itself:
-            one warm-up epoch, then ``--repeats`` epochs of ``--concise-steps`` steps each.
-            The ranks run the script's own ``train`` through this file (``--bench-rank``),
-            which adds where each rank's parameters lived to the rank's results.
+            (k processes, also for k = 1): the ranks run the script's own ``train`` through
+            this file (``--bench-rank``) -- one warm-up epoch, then ``--repeats`` epochs of
+            ``--concise-steps`` steps, the input pipeline inside (``epoch_step_times``,
+            labelled ``epoch_span``) -- and then time the script's ``train_step`` on a batch
+            already on their device with ``d2lmini.steptime.time_steps`` (``step_times``),
+            the same span as the in-process records; and add where their parameters lived.
+
+Every record says what its timed step holds (``span``): the step on a batch already on the
+devices (the concise implementations), or the step with its own split of the host batch onto
+the devices (the from-scratch ``train_step`` and MXNet's concise one, which split the batch
+themselves: the chapters' code as shown).
 
 For every (framework, implementation, devices): ``--warmup`` untimed steps (compilation,
 allocation), then ``--repeats`` timed runs of ``--steps`` steps each on the same global batch
@@ -75,6 +82,13 @@ from pathlib import Path
 from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
+# What a record's timed step holds (d2lmini.steptime): the concise implementations' step on a
+# batch already on the devices; the from-scratch train_step (and MXNet's concise one), which
+# split the host batch onto the devices themselves, with that split; launched ranks also
+# report the per-step time of their epochs, input pipeline inside, in fields of their own.
+STEP_SPAN = "step on device arrays"
+SPLIT_SPAN = "step with its split of the host batch onto the devices"
+EPOCH_SPAN = "epoch with input pipeline"
 BENCH_SCRIPT = Path(__file__).resolve()
 CONCISE_DIR = ROOT / "chapters" / "concise"
 NOTEBOOK = {"mxnet": "mxnet", "torch": "pytorch", "jax": "jax", "paddle": "paddle"}
@@ -379,10 +393,12 @@ def placement(adapter: Adapter, replicas, requested: list[str], host_gpus: int) 
 @dataclasses.dataclass
 class Case:
     """One implementation, ready to time."""
-    step: Callable        # one training step on a batch (X, y)
+    step: Callable        # one training step on a batch, as ``place`` returned it
     state: Callable       # -> the arrays the steps produce (blocked on before the clock is read)
     replicas: Callable    # -> one tree of arrays per replica (where they live is recorded)
     flops: Callable       # (X, y) -> (FLOP of one step on that global batch, how counted)
+    place: Callable = lambda X, y: (X, y)   # a host batch -> the step's input, done untimed
+    span: str = ""        # what a timed step holds (d2lmini.steptime.STEP, or SPLIT_SPAN)
 
 
 def torch_counted(fn) -> int:
@@ -453,7 +469,7 @@ def scratch_case(ns: dict, fw: str, impl: str, devices, lr: float) -> Case:
                            "XLA cost analysis: grad_sum on the global batch (the all-reduce "
                            "and the update not counted)", how)
         return analytic, how
-    return Case(step, lambda: state["params"], lambda: state["params"], flops)
+    return Case(step, lambda: state["params"], lambda: state["params"], flops, span=SPLIT_SPAN)
 
 
 def concise_notebook(fw: str, stop: str) -> dict:
@@ -474,7 +490,7 @@ def mxnet_concise_case(devices, args, adapter) -> Case:
                 lambda: [p.list_data() for p in params],
                 lambda: [list(r) for r in zip(*(p.list_data() for p in params))],
                 lambda X, y: (bench.resnet18_train_flops(len(y), args.width),
-                              ANALYTIC.format("resnet18_train_flops")))
+                              ANALYTIC.format("resnet18_train_flops")), span=SPLIT_SPAN)
 
 
 def jax_concise_case(devices, args, adapter) -> Case:
@@ -496,8 +512,8 @@ def jax_concise_case(devices, args, adapter) -> Case:
     # with net a static argument
     static = (net,) if next(iter(inspect.signature(train_step).parameters)) == "net" else ()
 
-    def step(X, y):
-        state["s"], _ = train_step(*static, state["s"], *ns["shard"](X, y, mesh))
+    def step(Xs, ys):                           # the batch already sharded on the mesh
+        state["s"], _ = train_step(*static, state["s"], Xs, ys)
 
     def flops(X, y):
         return counted(lambda: xla_flops(train_step, state["s"], np.asarray(X),
@@ -505,15 +521,36 @@ def jax_concise_case(devices, args, adapter) -> Case:
                        bench.resnet18_train_flops(len(y), args.width),
                        "XLA cost analysis of train_step on the global batch",
                        ANALYTIC.format("resnet18_train_flops"))
-    return Case(step, lambda: state["s"], lambda: adapter.device_replicas(state["s"]), flops)
+    return Case(step, lambda: state["s"], lambda: adapter.device_replicas(state["s"]), flops,
+                place=lambda X, y: ns["shard"](X, y, mesh), span=STEP_SPAN)
 
 
-def launched_epoch_times(ranks: list[dict], key: str, args) -> tuple[list[float], list[str]]:
-    """Per-step times from the epoch times the ranks record (epoch 1 is the warm-up; the
-    slowest rank counts), and where each rank's parameters lived."""
+def launched_times(ranks: list[dict], key: str, args) -> tuple[list[float], list[float], list[str]]:
+    """The ranks' in-step times (``step_s``: each rank timed its DDP step on a batch already
+    on its device, ``d2lmini.steptime.time_steps``; the slowest rank counts per window), the
+    per-step times of the epochs they trained (epoch 1 is the warm-up; the input pipeline
+    inside: labelled, never mixed with the former), and where each rank's parameters lived."""
+    steps = [max(w) for w in zip(*(r["step_s"] for r in ranks))]
     slowest = [max(e) for e in zip(*(r[key] for r in ranks))]
     arrays_on = ["+".join(r["arrays_on"]) for r in ranks]
-    return [t / args.concise_steps for t in slowest[1:]], arrays_on
+    return steps, [t / args.concise_steps for t in slowest[1:]], arrays_on
+
+
+def bench_env(args) -> dict:
+    """What a launched rank's in-step timing reads (``rank_step_times``)."""
+    return {"D2LMINI_BENCH_WARMUP": str(args.warmup), "D2LMINI_BENCH_REPEATS": str(args.repeats),
+            "D2LMINI_BENCH_STEPS": str(args.concise_steps)}
+
+
+def rank_step_times(step, wait) -> list[float]:
+    """In a launched rank: ``step()`` timed by ``d2lmini.steptime.time_steps`` with the
+    counts the driver passed (every rank runs the same number of steps: they all-reduce)."""
+    from d2lmini import steptime
+    e = os.environ
+    t = steptime.time_steps(step, wait, warmup=int(e.get("D2LMINI_BENCH_WARMUP", 2)),
+                            repeats=int(e.get("D2LMINI_BENCH_REPEATS", 3)),
+                            steps=int(e.get("D2LMINI_BENCH_STEPS", 5)))
+    return list(t.seconds)
 
 
 def torch_launched(devices, args):
@@ -528,8 +565,8 @@ def torch_launched(devices, args):
         "--epochs", 1 + args.repeats, "--batch-size", args.batch, "--lr", CONCISE_LR,
         "--width", args.width, "--train-samples", args.batch * args.concise_steps,
         "--test-samples", 64, "--bn-batches", 0, "--predict", 1, "--out", out],
-        timeout=args.timeout, script=BENCH_SCRIPT)
-    return launched_epoch_times(ns["launch"].read_rank_results(out, k), "epoch_s", args)
+        env=bench_env(args), timeout=args.timeout, script=BENCH_SCRIPT)
+    return launched_times(ns["launch"].read_rank_results(out, k), "epoch_s", args)
 
 
 def paddle_launched(devices, args):
@@ -545,8 +582,8 @@ def paddle_launched(devices, args):
                               str(args.batch * args.concise_steps), "--test_samples", "64",
                               script=str(BENCH_SCRIPT))
     ns["d2l"].run_launch(cmd, log_dir=os.path.join(out, "logs"), timeout=args.timeout,
-                         env=ns["d2l"].rank_env(k))
-    return launched_epoch_times(ns["launch"].read_rank_results(out, k), "epoch_seconds", args)
+                         env={**ns["d2l"].rank_env(k), **bench_env(args)})
+    return launched_times(ns["launch"].read_rank_results(out, k), "epoch_seconds", args)
 
 
 def torch_resnet_flops(batch: int, width: int) -> tuple[int, str]:
@@ -585,11 +622,12 @@ def time_case(case: Case, adapter: Adapter, batches, warmup: int, repeats: int,
     """Seconds per step of ``repeats`` windows of ``steps`` steps, after ``warmup`` steps;
     every window ends by blocking on the arrays the steps produced."""
     i = 0
+    placed = [case.place(X, y) for X, y in batches]    # untimed: on the devices beforehand
 
     def run(n):
         nonlocal i
         for _ in range(n):
-            case.step(*batches[i % len(batches)])
+            case.step(*placed[i % len(placed)])
             i += 1
         adapter.block(case.state())   # the work is done before the clock is read
 
@@ -627,12 +665,14 @@ def worker(args) -> dict:
         if fw in LAUNCHED:
             launch, count = LAUNCHED[fw]
             with proof_numerics(d2l):
-                times, arrays_on = launch(devices, args)
+                times, epoch_times, arrays_on = launch(devices, args)
             flops, how = count(args.batch, args.width)
+            result.update(span=STEP_SPAN, epoch_step_times=epoch_times, epoch_span=EPOCH_SPAN)
             return finish(result, adapter, times, arrays_on, requested, flops, how, fw)
         with proof_numerics(d2l):
             case = CONCISE_CASE[fw](devices, args, adapter)
         steps = args.concise_steps
+    result["span"] = case.span
     times = time_case(case, adapter, batches, args.warmup, args.repeats, steps)
     arrays_on = adapter.arrays_on(case.replicas())     # read from the arrays, after the steps
     flops, how = case.flops(*batches[0])
@@ -673,8 +713,22 @@ def torch_rank(argv: list[str]) -> None:
     ddp_train.DDP = capture
 
     def work(args, device):
+        import torch
         result = ddp_train.train(args, device)
-        result["arrays_on"] = sorted({str(p.device) for p in models[-1].module.parameters()})
+        model = models[-1]
+        result["arrays_on"] = sorted({str(p.device) for p in model.module.parameters()})
+        # the in-step time: this rank's share of a batch already on its device
+        g = torch.Generator().manual_seed(int(os.environ.get("RANK", 0)))
+        n = args.batch_size // int(os.environ.get("WORLD_SIZE", 1))
+        X = torch.rand(n, 1, 28, 28, generator=g).to(device)
+        y = torch.randint(0, 10, (n,), generator=g).to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=args.lr)
+        loss_fn = torch.nn.CrossEntropyLoss()
+        model.train()
+        wait = ((lambda out: torch.cuda.synchronize(device)) if device.type == "cuda"
+                else (lambda out: None))         # CPU operations return when done
+        result["step_s"] = rank_step_times(
+            lambda: ddp_train.train_step(model, loss_fn, opt, X, y), wait)
         return result
     ddp_train.main(argv, work=work)
 
@@ -683,19 +737,33 @@ def paddle_rank(argv: list[str]) -> None:
     """One rank of ``paddle_train.py``: its own ``main`` and ``train``, and the places of its
     model's parameters added to the rank's results file."""
     paddle_train = load_module(CONCISE_DIR / "paddle_train.py")
-    nets, replicate = [], paddle_train.replicate
+    nets, models, replicate = [], [], paddle_train.replicate
 
     def capture(net):
         nets.append(net)
-        return replicate(net)
+        models.append(replicate(net))
+        return models[-1]
     paddle_train.replicate = capture
 
     def work(args):
+        import numpy as np
+        import paddle
         import paddle.distributed as dist
         paddle_train.train(args)
         rank = dist.get_rank()
         log = json.loads((Path(args.out) / f"rank{rank}.json").read_text())
         log["arrays_on"] = sorted({str(p.place) for p in nets[-1].parameters()})
+        # the in-step time: this rank's share of a batch already on its device
+        rng = np.random.default_rng(rank)
+        n = args.batch_size // dist.get_world_size()
+        X = paddle.to_tensor(rng.random((n, 1, 28, 28), dtype=np.float32))
+        y = paddle.to_tensor(rng.integers(0, 10, n))
+        model = models[-1]
+        opt = paddle.optimizer.SGD(learning_rate=args.lr, parameters=model.parameters())
+        model.train()
+        log["step_s"] = rank_step_times(
+            lambda: paddle_train.train_step(model, paddle.nn.CrossEntropyLoss(), opt, X, y),
+            lambda out: paddle_train.d2l.synchronize([nets[-1].parameters()[0].place]))
         paddle_train.write_json(args.out, rank, log)
     paddle_train.main(argv, work=work)
 
