@@ -182,9 +182,12 @@ PROFILES: dict[str, Profile] = {
         scaling=ScalingHP(train_samples=59392, test_samples=None, epochs=10, base_batch=64,
                           base_lr=0.025, batch_sizes=(64, 128, 256, 512, 1024, 2048),
                           warmup_epochs=1, decay_epochs=2, seeds=3),
+        # Thresholds from the rehearsal of these settings (benchmarks/rehearsal/sharded-*.json;
+        # PyTorch, 2026-11-27: float32 0.808, bfloat16 0.815): the lowest run less 0.05, the gap
+        # plus 0.02.  The guessed 0.8 had passed by 0.008.
         sharded=ShardedHP(device_batch=32, proof_steps=5, lr=1e-3, accum_steps=4,
                           train_samples=None, test_samples=None, epochs=5, batch_size=256,
-                          min_test_acc=0.8, max_acc_gap=0.02),
+                          min_test_acc=0.75, max_acc_gap=0.03),
     ),
 }
 

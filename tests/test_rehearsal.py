@@ -35,20 +35,19 @@ def test_a_rehearsal_matches_the_profile_and_clears_its_thresholds(path):
     section = rehearse.HARVEST[chapter]["section"]
     profile = d2lmini.PROFILES[rec["profile"]]
     now = dataclasses.asdict(getattr(profile, section))
-    assert rec["settings"] == now, (
+    settings = {k: v for k, v in now.items() if k not in rehearse.THRESHOLDS}
+    assert rec["settings"] == settings, (
         f"{rec['notebook']}: the {rec['profile']} profile's {section} settings changed since "
         f"they were rehearsed; run make rehearse NB={rec['notebook']} again")
-    assert rec["notebook_status"] == "passed", rec["notebook_status"]
-    t = rec["thresholds"]
-    assert t["min_test_acc"] == now["min_test_acc"]
-    assert rec["margin"] == rehearse.MARGIN
-    for run in rec["runs"]:
-        assert run["test_acc"] >= t["min_test_acc"] + rehearse.MARGIN, (
-            f"{rec['notebook']}: {run} does not clear {t['min_test_acc']} by {rehearse.MARGIN}")
-    if "max_acc_gap" in t:
+    for run in rec["runs"]:                     # the thresholds in force now, with the margin
+        assert run["test_acc"] >= now["min_test_acc"] + rehearse.MARGIN, (
+            f"{rec['notebook']}: {run} does not clear min_test_acc {now['min_test_acc']} by "
+            f"{rehearse.MARGIN}: set it from the rehearsed runs")
+    if "max_acc_gap" in rec["thresholds_at_the_run"]:
         accs = [r["test_acc"] for r in rec["runs"]]
-        assert t["max_acc_gap"] == now["max_acc_gap"]
-        assert max(accs) - min(accs) <= t["max_acc_gap"]
+        assert max(accs) - min(accs) + rehearse.GAP_MARGIN <= now["max_acc_gap"], (
+            f"{rec['notebook']}: runs {accs} differ by more than max_acc_gap "
+            f"{now['max_acc_gap']} less {rehearse.GAP_MARGIN}")
 
 
 def test_every_chapter_the_gpu_profile_trains_is_rehearsed_or_says_why_not():
