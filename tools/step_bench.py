@@ -160,6 +160,14 @@ class Jax:
             (lambda b: jax.device_put((b[0], b[1].astype(np.int32)), self.device))
 
 
+class Paddle:
+    """PaddlePaddle's step (recipe/paddle_fast.py): to be written."""
+
+
+class Mxnet:
+    """MXNet's step (recipe/mxnet_fast.py): to be written."""
+
+
 ADAPTERS = {"torch": Torch, "jax": Jax}
 
 
