@@ -21,7 +21,7 @@ import os
 __all__ = ["Profile", "PROFILES", "get_profile", "num_simulated_devices",
            "requested_devices", "MAX_DEVICES",
            "host_has_gpu", "DevicePlan", "GPUBuildMissing", "plan_devices", "device_plan",
-           "reset_device_plans", "multi_device_profile", "exact_everywhere"]
+           "reset_device_plans", "multi_device_profile", "exact_everywhere", "FastHP"]
 
 DEFAULT_SIMULATED_DEVICES = 2
 
@@ -86,6 +86,22 @@ class ShardedHP:
 
 
 @dataclasses.dataclass(frozen=True)
+class FastHP:
+    """Settings of the concise chapter's fast-path section: one device, the recipe's ladder
+    (``recipe/<fw>_fast.py``) timed by ``d2lmini.steptime``, and its accuracy against float32."""
+    width: int                  # ResNet-18 width of the timed steps
+    batch: int                  # the ladder's batch
+    batches: tuple              # the batches of the step's shape, T(B) = T0 + B t
+    warmup: int                 # untimed steps (compilation, autotuning)
+    repeats: int                # timed windows
+    steps: int                  # steps per window
+    compile: bool               # include the compiling rungs (torch.compile: ~45 s on 2 cores)
+    seeds: int                  # training runs per setting for the accuracy comparison
+    acc_tol: float              # |mean accuracy(fast) - mean accuracy(float32)| at most this,
+                                # or the seeds' spread if larger
+
+
+@dataclasses.dataclass(frozen=True)
 class Profile:
     name: str
     description: str
@@ -94,6 +110,7 @@ class Profile:
     comm: CommHP = None         # all-reduce timing sweep, communication chapter
     scaling: ScalingHP = None   # batch size x learning-rate sweep, comparison chapter
     sharded: ShardedHP = None   # ZeRO / FSDP chapter
+    fastpath: FastHP = None     # the concise chapter's fast path on one device
 
     def __str__(self) -> str:
         return f"{self.name}: {self.description}"
@@ -128,6 +145,10 @@ PROFILES: dict[str, Profile] = {
         sharded=ShardedHP(device_batch=8, proof_steps=3, lr=1e-3, accum_steps=4,
                           train_samples=2048, test_samples=512, epochs=1, batch_size=64,
                           min_test_acc=0.2, max_acc_gap=0.15),
+        # Every code path once, no compiling (its first call takes ~45 s on 2 cores); the
+        # concise smoke runs stay near chance, so the accuracy bound is loose.
+        fastpath=FastHP(width=8, batch=32, batches=(8, 16, 32), warmup=1, repeats=2, steps=2,
+                        compile=False, seeds=2, acc_tol=0.15),
     ),
     "cpu": Profile(
         name="cpu",
@@ -154,6 +175,8 @@ PROFILES: dict[str, Profile] = {
         sharded=ShardedHP(device_batch=16, proof_steps=5, lr=1e-3, accum_steps=4,
                           train_samples=12000, test_samples=2000, epochs=2, batch_size=128,
                           min_test_acc=0.6, max_acc_gap=0.05),
+        fastpath=FastHP(width=16, batch=128, batches=(32, 64, 128), warmup=2, repeats=3,
+                        steps=3, compile=True, seeds=2, acc_tol=0.03),
     ),
     "gpu": Profile(
         name="gpu",
@@ -188,6 +211,9 @@ PROFILES: dict[str, Profile] = {
         sharded=ShardedHP(device_batch=32, proof_steps=5, lr=1e-3, accum_steps=4,
                           train_samples=None, test_samples=None, epochs=5, batch_size=256,
                           min_test_acc=0.75, max_acc_gap=0.03),
+        # The ladder of ../shared/gpu-runs/2026-11-27-h200/probe.py, as the benchmark runs it.
+        fastpath=FastHP(width=64, batch=256, batches=(32, 64, 128, 256), warmup=5, repeats=3,
+                        steps=20, compile=True, seeds=2, acc_tol=0.02),
     ),
 }
 

@@ -28,7 +28,8 @@ import time
 from typing import Callable, Iterable, Sequence
 
 __all__ = ["STEP", "EPOCH", "StepTiming", "time_steps", "time_epoch", "StepFit",
-           "fit_step_time", "mfu", "predicted_speedup", "plot_step_fits"]
+           "fit_step_time", "mfu", "predicted_speedup", "plot_step_fits", "ladder",
+           "step_shape", "ladder_table", "plot_ladder", "same_accuracy"]
 
 STEP = "step on device arrays"
 EPOCH = "epoch with input pipeline"
@@ -215,3 +216,70 @@ def plot_step_fits(fits: dict, title: str = "", ax=None):
     return ax
 
 
+
+
+# ------------------------------------------------------------------ a notebook's fast path
+def ladder(build: Callable, rungs: Sequence, wait: Callable, batch: int, *, warmup: int,
+           repeats: int, steps: int) -> list[dict]:
+    """Time each rung ``(name, knobs)`` of a fast-path ladder at one batch.
+
+    ``build(knobs, batch)`` returns a step on a batch already on the device (a fresh model
+    for every rung, so that no rung inherits another's compiled or autotuned state)."""
+    out = []
+    for name, knobs in rungs:
+        t = time_steps(build(knobs, batch), wait, warmup=warmup, repeats=repeats, steps=steps)
+        out.append({"rung": name, "knobs": tuple(knobs), "batch": batch, **t.as_record()})
+    base = out[0]["ms_median"] if out else None
+    for r in out:
+        r["speedup"] = base / r["ms_median"]
+    return out
+
+
+def step_shape(build: Callable, rungs: Sequence, wait: Callable, batches: Sequence[int], *,
+               warmup: int, repeats: int, steps: int) -> dict:
+    """``{rung name: StepFit}``: each rung timed at every batch of ``batches``, and the line
+    ``T0 + B t`` through its times."""
+    fits = {}
+    for name, knobs in rungs:
+        secs = [time_steps(build(knobs, b), wait, warmup=warmup, repeats=repeats,
+                           steps=steps).median for b in batches]
+        fits[name] = fit_step_time(batches, secs)
+    return fits
+
+
+def ladder_table(records: Sequence[dict], where: str) -> str:
+    """The ladder as a Markdown table: rung, ms per step (median, range), speed-up."""
+    rows = [f"| setting ({where}) | ms per step | range | speed-up |", "|---|---:|---:|---:|"]
+    for r in records:
+        rows.append(f"| {r['rung']} | {r['ms_median']:.3g} | {r['ms_min']:.3g} to "
+                    f"{r['ms_max']:.3g} | {r['speedup']:.2f}x |")
+    return "\n".join(rows)
+
+
+def plot_ladder(records: Sequence[dict], where: str, ax=None):
+    """Horizontal bars: ms per step of each rung (median, with the windows' range), the
+    defaults on top; the title says where the arrays lived."""
+    import matplotlib.pyplot as plt
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 0.5 * len(records) + 1.2))
+    names = [r["rung"] for r in records][::-1]
+    med = [r["ms_median"] for r in records][::-1]
+    err = [[m - r["ms_min"] for m, r in zip(med, records[::-1])],
+           [r["ms_max"] - m for m, r in zip(med, records[::-1])]]
+    ax.barh(names, med, xerr=err, color="tab:blue", alpha=0.8, capsize=3)
+    ax.set_xlabel("ms per training step (lower is faster)")
+    ax.set_title(f"The fast path, one setting at a time ({where})")
+    ax.grid(axis="x", alpha=0.3)
+    return ax
+
+
+def same_accuracy(fast: Sequence[float], base: Sequence[float], tol: float) -> dict:
+    """Whether runs with the fast path reach the float32 runs' accuracy: the gap between the
+    means is at most the seeds' spread (the larger of the two settings' max - min) or ``tol``,
+    whichever is larger."""
+    if not fast or not base:
+        raise ValueError("need at least one run of each setting")
+    gap = abs(statistics.mean(fast) - statistics.mean(base))
+    spread = max(max(fast) - min(fast), max(base) - min(base))
+    return {"gap": gap, "spread": spread, "bound": max(spread, tol),
+            "ok": gap <= max(spread, tol)}
