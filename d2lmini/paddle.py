@@ -209,14 +209,21 @@ def evaluate_accuracy(net, data_iter, devices) -> float:
 
 
 class Residual(nn.Layer):
-    """The residual block of ResNet (two 3x3 convolutions, optional 1x1 shortcut)."""
+    """The residual block of ResNet (two 3x3 convolutions, optional 1x1 shortcut).
+    ``data_format``: the layout of its inputs and outputs, ``"NCHW"`` or ``"NHWC"``; the
+    parameters are the same either way (Paddle keeps convolution weights as
+    ``(out, in, kh, kw)`` in both)."""
 
-    def __init__(self, in_channels, channels, use_1x1conv=False, strides=1):
+    def __init__(self, in_channels, channels, use_1x1conv=False, strides=1,
+                 data_format="NCHW"):
         super().__init__()
-        self.conv1 = nn.Conv2D(in_channels, channels, 3, padding=1, stride=strides)
-        self.conv2 = nn.Conv2D(channels, channels, 3, padding=1)
-        self.conv3 = nn.Conv2D(in_channels, channels, 1, stride=strides) if use_1x1conv else None
-        self.bn1, self.bn2 = nn.BatchNorm2D(channels), nn.BatchNorm2D(channels)
+        f = data_format
+        self.conv1 = nn.Conv2D(in_channels, channels, 3, padding=1, stride=strides, data_format=f)
+        self.conv2 = nn.Conv2D(channels, channels, 3, padding=1, data_format=f)
+        self.conv3 = (nn.Conv2D(in_channels, channels, 1, stride=strides, data_format=f)
+                      if use_1x1conv else None)
+        self.bn1 = nn.BatchNorm2D(channels, data_format=f)
+        self.bn2 = nn.BatchNorm2D(channels, data_format=f)
 
     def forward(self, X):
         Y = nn.functional.relu(self.bn1(self.conv1(X)))
@@ -227,23 +234,33 @@ class Residual(nn.Layer):
 
 
 def resnet18(num_classes: int = 10, in_channels: int = 1, width: int = 64,
-             sync_bn: bool = False) -> nn.Layer:
+             sync_bn: bool = False, data_format: str = "NCHW") -> nn.Layer:
     """The seeds' ResNet-18 variant for 28x28 inputs: a 3x3 stem, no max-pooling.
 
     ``width`` is the channel count of the first stage (64 in the seed); the stages have
     width, 2*width, 4*width, 8*width channels.  ``sync_bn=True`` gives cross-device
     BatchNorm (see :func:`sync_batchnorm`); the parameter names do not change.
+    ``data_format="NHWC"`` makes every layer take and give channels-last tensors (the input
+    is then ``(N, 28, 28, in_channels)``): the layout GPU convolution kernels prefer in
+    reduced precision.  Parameter names and shapes are those of ``"NCHW"``, so
+    :func:`canonical_init` loads the same draw.
     """
+    if data_format not in ("NCHW", "NHWC"):
+        raise ValueError(f"data_format must be 'NCHW' or 'NHWC', got {data_format!r}")
+    f = data_format
+
     def stage(cin, cout, first):
-        return nn.Sequential(Residual(cin, cout, use_1x1conv=not first, strides=1 if first else 2),
-                             Residual(cout, cout))
+        return nn.Sequential(Residual(cin, cout, use_1x1conv=not first, strides=1 if first else 2,
+                                      data_format=f),
+                             Residual(cout, cout, data_format=f))
 
     w = width
     net = nn.Sequential(
-        nn.Conv2D(in_channels, w, kernel_size=3, stride=1, padding=1), nn.BatchNorm2D(w), nn.ReLU(),
+        nn.Conv2D(in_channels, w, kernel_size=3, stride=1, padding=1, data_format=f),
+        nn.BatchNorm2D(w, data_format=f), nn.ReLU(),
         stage(w, w, True), stage(w, 2 * w, False), stage(2 * w, 4 * w, False),
         stage(4 * w, 8 * w, False),
-        nn.AdaptiveAvgPool2D((1, 1)), nn.Flatten(), nn.Linear(8 * w, num_classes))
+        nn.AdaptiveAvgPool2D((1, 1), data_format=f), nn.Flatten(), nn.Linear(8 * w, num_classes))
     return sync_batchnorm(net) if sync_bn else net
 
 
@@ -414,6 +431,9 @@ def convert_allreduce_batchnorm(layer: nn.Layer) -> nn.Layer:
     holding the same parameters and running statistics (what
     ``nn.SyncBatchNorm.convert_sync_batchnorm`` does, but usable on the CPU)."""
     if isinstance(layer, nn.BatchNorm2D) and not isinstance(layer, AllReduceBatchNorm2D):
+        if layer._data_format != "NCHW":
+            raise ValueError(f"AllReduceBatchNorm2D computes on NCHW tensors; this BatchNorm2D "
+                             f"has data_format={layer._data_format!r}")
         new = AllReduceBatchNorm2D(layer._num_features, momentum=layer._momentum,
                                    epsilon=layer._epsilon)
         new.set_state_dict(layer.state_dict())
