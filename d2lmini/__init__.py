@@ -33,6 +33,7 @@ __all__ += ["Transfer", "chunk_slices", "naive_schedule", "ring_schedule", "traf
 from . import results  # noqa: E402,F401  (records START_DIR: where this process started)
 from . import recipe  # noqa: E402  (the concise chapter's shared recipe code)
 from . import sharding  # noqa: E402  (the sharded chapter's state accounting)
+from . import steptime  # noqa: E402,F401  (one definition of a step's time)
 from .models import LENET_SHAPES, lenet_init  # noqa: E402
 
 __all__ += ["LENET_SHAPES", "lenet_init", "sharding"]

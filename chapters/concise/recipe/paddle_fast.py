@@ -1,0 +1,196 @@
+"""The concise chapter's recipe in PaddlePaddle on one device, with the fast path: paddle_one.py
+plus the settings a practitioner turns on for a GPU.
+
+    python paddle_fast.py [--epochs E ...] [--knobs bf16,o2,nhwc,cudnn_search,to_static,cinn]
+
+* ``bf16``: ``paddle.amp.auto_cast(level="O1", dtype="bfloat16")``: the operators on Paddle's
+  white list (convolutions, matrix products) compute in bfloat16 on the tensor cores, the
+  rest and the weights stay in float32.  bfloat16 rather than float16: it has float32's
+  exponent range, so small gradients do not underflow and no loss scaling is needed (float16
+  would need ``paddle.amp.GradScaler``: a scaled loss, an unscale and an inf/NaN check every
+  step); the GPUs that have bfloat16 run it as fast as float16;
+* ``o2`` (with ``bf16``): level O2, "pure" bfloat16: ``paddle.amp.decorate(...,
+  master_weight=True)`` stores the parameters in bfloat16 (BatchNorm's stay in float32) and
+  the optimizer updates float32 master copies of them, so every layer computes in bfloat16
+  with no casts of the weights at each step and half the weight traffic;
+* ``nhwc``: every layer in channels-last layout (``d2l.resnet18(data_format="NHWC")``, the
+  same parameters), the layout of cuDNN's tensor-core convolutions: in NCHW they transpose
+  around every convolution in reduced precision;
+* ``cudnn_search``: ``FLAGS_cudnn_exhaustive_search``: cuDNN times every convolution
+  algorithm once per input shape and keeps the fastest (among those whose workspace fits
+  ``FLAGS_conv_workspace_size_limit``), instead of taking its heuristic's choice;
+* ``to_static``: ``paddle.jit.to_static(full_graph=True, backend=None)``: the forward
+  (and its backward) traced once into a static graph and run by Paddle's executor, with no
+  Python between the operators and the graph passes applied;
+* ``cinn`` (with ``to_static``): the same graph compiled by CINN, Paddle's compiler
+  (``backend="CINN"``), which fuses the elementwise work around the convolutions (BatchNorm,
+  ReLU, the additions, the casts) into fewer kernels.
+
+The loss is computed in float32, and the accuracy in float32.  A knob that cannot run where
+the script runs is refused with its reason (:func:`check_knobs`): Paddle would only warn and
+go on without it (``auto_cast`` and ``decorate`` on a CPU, or on a GPU without bfloat16,
+train in float32), and a float32 run would pass for a bfloat16 one.  Paddle's CPU build runs
+``nhwc`` and ``to_static``; the others need a GPU (and ``cinn`` a build with CINN).
+"""
+import copy
+import os
+import time
+
+import numpy as np
+
+import d2lmini
+from d2lmini import paddle as d2l, recipe   # imports paddle first (and quiets its warnings)
+import paddle
+from paddle import nn
+
+KNOBS = ("bf16", "o2", "nhwc", "cudnn_search", "to_static", "cinn")
+# The ladder the benchmark measures: each rung adds one setting to the one before.
+LADDER = [("defaults", ()), ("+ bf16 AMP (O1)", ("bf16",)),
+          ("+ AMP O2 (bf16 weights)", ("bf16", "o2")),
+          ("+ NHWC", ("bf16", "o2", "nhwc")),
+          ("+ cuDNN exhaustive search", ("bf16", "o2", "nhwc", "cudnn_search")),
+          ("+ to_static", ("bf16", "o2", "nhwc", "cudnn_search", "to_static")),
+          ("+ CINN", ("bf16", "o2", "nhwc", "cudnn_search", "to_static", "cinn"))]
+
+
+def check_knobs(knobs=()):
+    """Raise if a knob is unknown, lacks the knob it builds on, or cannot run on the current
+    device (``paddle.get_device()``) with this build; the message names the knob and why."""
+    if set(knobs) - set(KNOBS):
+        raise ValueError(f"unknown knobs {sorted(set(knobs) - set(KNOBS))}; choose from {KNOBS}")
+    for knob, needs in (("o2", "bf16"), ("cinn", "to_static")):
+        if knob in knobs and needs not in knobs:
+            raise ValueError(f"knob {knob!r} builds on knob {needs!r}: add it")
+    device = paddle.get_device()
+    on_gpu = device.startswith("gpu")
+    for knob in ("bf16", "o2"):
+        if knob not in knobs:
+            continue
+        if not on_gpu:
+            raise RuntimeError(
+                f"knob {knob!r} cannot run on {device}: Paddle {paddle.__version__} runs "
+                f"auto_cast/decorate only on GPUs (CUDAPlace, XPUPlace, CustomPlace); on "
+                f"{device} it warns 'amp_guard can only be enabled on CUDAPlace, XPUPlace, and "
+                f"CustomPlace ... so it makes no effect' and trains in float32")
+        major, minor = paddle.device.cuda.get_device_capability()
+        cuda = paddle.version.cuda()
+        if major < 8 or cuda in (None, "False") or int(cuda.split(".")[0]) < 11:
+            raise RuntimeError(
+                f"knob {knob!r} cannot run on {paddle.device.cuda.get_device_name()}: Paddle's "
+                f"bfloat16 AMP needs compute capability >= 8.0 and CUDA >= 11 (this GPU: "
+                f"{major}.{minor}, CUDA {cuda}); Paddle would train in float32")
+    if "cudnn_search" in knobs and not (on_gpu and paddle.is_compiled_with_cuda()):
+        raise RuntimeError(
+            f"knob 'cudnn_search' cannot run on {device}: FLAGS_cudnn_exhaustive_search "
+            f"chooses among cuDNN's convolution algorithms, on a GPU; "
+            + ("Paddle's CPU build has no such flag" if not paddle.is_compiled_with_cuda()
+               else "the CPU's convolutions have no algorithm search"))
+    if "cinn" in knobs:
+        why = ("this Paddle build has no CINN (paddle.is_compiled_with_cinn() is False)"
+               if not paddle.is_compiled_with_cinn() else
+               f"CINN compiles for GPUs, not {device}" if not on_gpu else
+               "ENABLE_CINN_IN_DY2ST switches it off"
+               if os.environ.get("ENABLE_CINN_IN_DY2ST", "1").lower() in ("0", "false", "off")
+               else None)
+        if why:
+            raise RuntimeError(f"knob 'cinn' cannot run on {device}: {why}; to_static would "
+                               f"run the graph with Paddle's own kernels instead")
+
+
+def resnet18(width, knobs=()):
+    """``d2l.resnet18`` in the knobs' layout (NHWC with knob nhwc): the same parameters."""
+    return d2l.resnet18(10, 1, width=width, data_format="NHWC" if "nhwc" in knobs else "NCHW")
+
+
+def to_layout(X, knobs=()):
+    """The batch (NCHW, as loaded) in the net's layout."""
+    return X.transpose([0, 2, 3, 1]) if "nhwc" in knobs else X
+
+
+def prepare(model, optimizer, knobs=()):
+    """The model and its optimizer set up for the chosen knobs (those that cannot run on the
+    current device are refused: :func:`check_knobs`)."""
+    check_knobs(knobs)
+    if paddle.is_compiled_with_cuda():          # a flag of the CUDA build only
+        paddle.set_flags({"FLAGS_cudnn_exhaustive_search": "cudnn_search" in knobs})
+    if "o2" in knobs:               # bf16 parameters; the optimizer keeps float32 master copies
+        model, optimizer = paddle.amp.decorate(models=model, optimizers=optimizer, level="O2",
+                                               dtype="bfloat16", master_weight=True)
+    if "to_static" in knobs:
+        model = paddle.jit.to_static(model, full_graph=True,
+                                     backend="CINN" if "cinn" in knobs else None)
+    return model, optimizer
+
+
+def make_train_step(model, loss_fn, optimizer, knobs=()):
+    """One SGD step on a batch (X, y) already on the device; returns its mean loss (on the
+    device)."""
+    level = "O2" if "o2" in knobs else "O1"
+
+    def train_step(X, y):
+        with paddle.amp.auto_cast(enable="bf16" in knobs, level=level, dtype="bfloat16"):
+            logits = model(to_layout(X, knobs))
+        loss = loss_fn(logits.astype("float32"), y)     # the loss in float32
+        loss.backward()
+        optimizer.step()
+        optimizer.clear_grad(set_to_zero=False)         # free the gradients, no zero-filling
+        return loss.detach()                # no float(): the host never waits for a step
+    return train_step
+
+
+@paddle.no_grad()
+def evaluate(net, X, y, knobs=(), batch_size=256):
+    """Accuracy on the whole test set in inference mode (BatchNorm's running statistics), in
+    float32 (outside auto_cast; under O2 on a float32 copy of the bfloat16 weights)."""
+    if "o2" in knobs:
+        net = copy.deepcopy(net).to(dtype="float32")
+    net.eval()
+    correct = sum(d2l.accuracy(net(to_layout(paddle.to_tensor(X[i:i + batch_size]), knobs)),
+                               paddle.to_tensor(y[i:i + batch_size]))
+                  for i in range(0, len(y), batch_size))
+    net.train()
+    return correct / len(y)
+
+
+def main(argv=None):
+    import argparse
+    extra = argparse.ArgumentParser(add_help=False)
+    extra.add_argument("--knobs", default=",".join(KNOBS))
+    known, rest = extra.parse_known_args(argv)
+    knobs = tuple(k for k in known.knobs.split(",") if k)
+    args = recipe.parse_args(rest)
+    rank, k = 0, 1                                       # one process, one device
+    paddle.set_device(d2l.try_gpu())                     # GPU 0, else the CPU
+    try:
+        check_knobs(knobs)
+    except (ValueError, RuntimeError) as e:
+        raise SystemExit(f"paddle_fast.py: {e}")
+    if args.batch_size % k:
+        raise ValueError(f"the global batch size {args.batch_size} is not divisible by k = {k}")
+    data = recipe.load_data(args)
+    net = resnet18(args.width, knobs)
+    d2l.canonical_init(net, d2lmini.resnet18_init(width=args.width, seed=args.seed))
+    model = net
+    loss_fn = nn.CrossEntropyLoss()
+    optimizer = paddle.optimizer.SGD(learning_rate=args.lr, parameters=model.parameters())
+    model, optimizer = prepare(model, optimizer, knobs)
+    train_step = make_train_step(model, loss_fn, optimizer, knobs)
+    # Each of the k devices gets batch_size // k samples of every global batch; whole batches
+    # only, so that the traced graph and cuDNN's search see one shape.
+    sampler = paddle.io.BatchSampler(
+        range(len(data.y_train)), batch_size=args.batch_size // k, shuffle=True, drop_last=True)
+    for epoch in range(args.epochs):
+        np.random.seed(args.seed + epoch)                # this epoch's order (drawn by NumPy)
+        start = time.perf_counter()
+        losses = [train_step(paddle.to_tensor(data.X_train[idx]),
+                             paddle.to_tensor(data.y_train[idx])) for idx in sampler]
+        loss = float(paddle.stack(losses).mean())        # one wait, at the end of the epoch
+        seconds = time.perf_counter() - start
+        test_acc = evaluate(net, data.X_test, data.y_test, knobs)
+        if rank == 0:
+            recipe.report(args, epoch, loss, test_acc, devices=k, framework=d2l.FRAMEWORK,
+                          seconds=seconds)
+
+
+if __name__ == "__main__":
+    main()
