@@ -161,14 +161,136 @@ class Jax:
 
 
 class Paddle:
-    """PaddlePaddle's step (recipe/paddle_fast.py): to be written."""
+    numerics = {"": "float32 (TF32 as Paddle's defaults allow it on GPUs)",
+                "bf16": "bf16 AMP (auto_cast O1; with o2: bf16 parameters, float32 master "
+                        "weights)"}
+
+    def __init__(self, recipe, allow_cpu):
+        import paddle
+        from d2lmini import paddle as d2l
+        self.paddle, self.d2l, self.recipe = paddle, d2l, recipe
+        self.device = d2l.try_gpu()
+        paddle.set_device(self.device)
+        self.on_gpu = isinstance(self.device, paddle.CUDAPlace)
+        if self.on_gpu:                          # what this process allows, read, not assumed
+            core = paddle.base.core
+            on = {True: "on", False: "off"}
+            self.numerics = dict(self.numerics, **{"": (
+                f"float32 (TF32 in cuBLAS {on[bool(core.get_cublas_switch())]}, in cuDNN "
+                f"{on[bool(core.get_cudnn_switch())]})")})
+        else:
+            self.numerics = {"": "float32", "bf16": self.numerics["bf16"]}
+
+    def wait(self, out):
+        self.d2l.synchronize([self.device])      # CPU work is synchronous
+
+    def peaks(self, n):
+        paddle = self.paddle
+        from d2lmini.bench import best_rate, numpy_matmul_rate
+        a32 = paddle.randn([n, n], dtype="float32")
+
+        def mm(a):
+            return lambda: (paddle.matmul(a, a), self.wait(None))
+        if self.on_gpu:
+            old = self.d2l._tf32(True, True)     # TF32 allowed for the float32 peak
+            try:
+                tf32 = best_rate(mm(a32), 2.0 * n ** 3)
+            finally:
+                self.d2l._tf32(*old)
+            bf16 = best_rate(mm(a32.astype("bfloat16")), 2.0 * n ** 3)
+        else:
+            # The CPU's ceiling: also NumPy's BLAS.  Paddle's CPU build has no bfloat16 matmul
+            # kernel (matmul's kernel for (CPU, bfloat16) "is not registered"), and nothing runs
+            # in bfloat16 on it: its bf16 ceiling is its float32 one.
+            tf32 = max(best_rate(mm(a32), 2.0 * n ** 3), numpy_matmul_rate(n))
+            bf16 = tf32
+        return {"tf32": tf32, "bf16": bf16}
+
+    def step(self, width, batch, knobs):
+        paddle, d2l = self.paddle, self.d2l
+        import d2lmini
+        import numpy as np
+        net = d2l.canonical_init(self.recipe.resnet18(width, knobs),
+                                 d2lmini.resnet18_init(width=width, seed=0))
+        opt = paddle.optimizer.SGD(learning_rate=0.01, parameters=net.parameters())
+        model, opt = self.recipe.prepare(net, opt, knobs)   # refuses knobs it cannot run here
+        step = self.recipe.make_train_step(model, paddle.nn.CrossEntropyLoss(), opt, knobs)
+        rng = np.random.default_rng(0)
+        X = paddle.to_tensor(rng.random((batch, 1, 28, 28), dtype=np.float32), place=self.device)
+        y = paddle.to_tensor(rng.integers(0, 10, batch), place=self.device)
+        model.train()
+        where = sorted({str(p.place) for p in model.parameters()})
+        return (lambda: step(X, y)), where, (lambda b: step(*b)), \
+            (lambda b: (paddle.to_tensor(b[0], place=self.device),
+                        paddle.to_tensor(b[1], place=self.device)))
 
 
 class Mxnet:
-    """MXNet's step (recipe/mxnet_fast.py): to be written."""
+    """MXNet 1.9.1 (recipe/mxnet_fast.py).  Its GPU build has no kernels for Hopper or newer
+    GPUs, where ``d2l.try_gpu()`` gives the CPU: there it is timed only with --allow-cpu.
+    AMP (``amp.init``) rewrites MXNet's operators for the whole process; every rung puts the
+    ones it needs in place (``recipe.amp_operators``), so a float32 rung after an AMP one
+    stays float32."""
+    numerics = {"": "float32", "bf16": "bf16 AMP (oneDNN), float32 parameters"}
+
+    def __init__(self, recipe, allow_cpu):
+        from d2lmini import mxnet as d2l         # before mxnet: the NumPy 2 shim
+        import mxnet as mx
+        self.mx, self.d2l, self.recipe = mx, d2l, recipe
+        self.device = d2l.try_gpu()
+        self.on_gpu = self.device.device_type == "gpu"
+        if self.on_gpu:                          # d2lmini.mxnet sets it on GPU hosts, if unset
+            tf32 = "off" if os.environ.get("NVIDIA_TF32_OVERRIDE") == "0" else "allowed"
+            self.numerics = {"": f"float32 (TF32 {tf32}: NVIDIA_TF32_OVERRIDE)",
+                             "bf16": self.numerics["bf16"]}
+
+    def wait(self, out):
+        # All queued work: the loss is ready before the backward pass and the update are done.
+        self.mx.nd.waitall()
+
+    def peaks(self, n):
+        nd = self.mx.nd
+        from d2lmini.bench import best_rate, numpy_matmul_rate
+        a32 = nd.random.normal(shape=(n, n), ctx=self.device)
+        tf32 = best_rate(lambda: nd.dot(a32, a32).wait_to_read(), 2.0 * n ** 3)
+        if self.on_gpu:   # no bfloat16 in MXNet's GPU kernels: the 16-bit peak is float16's
+            a16 = a32.astype("float16")
+            bf16 = best_rate(lambda: nd.dot(a16, a16).wait_to_read(), 2.0 * n ** 3)
+        else:             # nd.dot has no bfloat16; oneDNN's FullyConnected (AMP's) has
+            from mxnet.contrib.amp.amp import bfloat16
+            a16 = nd.amp_cast(a32, dtype=bfloat16)
+            bf16 = best_rate(lambda: nd.FullyConnected(a16, a16, no_bias=True, num_hidden=n)
+                             .wait_to_read(), 2.0 * n ** 3)
+            tf32 = max(tf32, numpy_matmul_rate(n))   # the CPU's ceiling: also NumPy's BLAS
+            bf16 = max(bf16, tf32)
+        return {"tf32": tf32, "bf16": bf16}
+
+    def step(self, width, batch, knobs):
+        d2l, recipe, nd = self.d2l, self.recipe, self.mx.nd
+        import d2lmini
+        import numpy as np
+        from mxnet import gluon
+        from mxnet.contrib import amp
+        dtype = recipe.amp_dtype(knobs, self.device)   # refuses what the device cannot run
+        if dtype:
+            recipe.init_amp(dtype)                 # before the net is built
+        recipe.amp_operators(dtype is not None)
+        net = d2l.canonical_init(d2l.resnet18(10, 1, width=width),
+                                 d2lmini.resnet18_init(width=width, seed=0))
+        net = recipe.prepare(net, self.device, knobs)
+        trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01})
+        if dtype == "float16":
+            amp.init_trainer(trainer)
+        step = recipe.make_train_step(net, trainer, knobs)
+        rng = np.random.default_rng(0)
+        X = nd.array(rng.random((batch, 1, 28, 28), dtype=np.float32), ctx=self.device)
+        y = nd.array(rng.integers(0, 10, batch), ctx=self.device)
+        where = sorted({str(c) for p in net.collect_params().values() for c in p.list_ctx()})
+        return (lambda: step(X, y)), where, (lambda b: step(*b)), \
+            (lambda b: (nd.array(b[0], ctx=self.device), nd.array(b[1], ctx=self.device)))
 
 
-ADAPTERS = {"torch": Torch, "jax": Jax}
+ADAPTERS = {"torch": Torch, "jax": Jax, "paddle": Paddle, "mxnet": Mxnet}
 
 
 def worker(fw: str, args) -> None:

@@ -87,7 +87,8 @@ def main(argv=None):
             losses.append(loss)
         loss = float(jnp.stack(losses).mean())        # one wait, at the end of the epoch
         seconds = time.perf_counter() - start
-        test_acc = evaluate(net, state, data.X_test, data.y_test, device)
+        test_acc = evaluate(d2l.resnet18(10, 1, width=args.width),   # float32, same parameters
+                            state, data.X_test, data.y_test, device)
         recipe.report(args, epoch, loss, test_acc, devices=1,
                       framework=d2l.FRAMEWORK, seconds=seconds)
 

@@ -45,17 +45,18 @@ from paddle import nn
 
 KNOBS = ("bf16", "o2", "nhwc", "cudnn_search", "to_static", "cinn")
 # The ladder the benchmark measures: each rung adds one setting to the one before.
-LADDER = [("defaults", ()), ("+ bf16 AMP (O1)", ("bf16",)),
-          ("+ AMP O2 (bf16 weights)", ("bf16", "o2")),
-          ("+ NHWC", ("bf16", "o2", "nhwc")),
-          ("+ cuDNN exhaustive search", ("bf16", "o2", "nhwc", "cudnn_search")),
-          ("+ to_static", ("bf16", "o2", "nhwc", "cudnn_search", "to_static")),
-          ("+ CINN", ("bf16", "o2", "nhwc", "cudnn_search", "to_static", "cinn"))]
+LADDER = [("defaults", ()), ("+ to_static", ("to_static",)),
+          ("+ NHWC", ("to_static", "nhwc")),
+          ("+ bf16 AMP (O1)", ("to_static", "nhwc", "bf16")),
+          ("+ AMP O2 (bf16 weights)", ("to_static", "nhwc", "bf16", "o2")),
+          ("+ cuDNN exhaustive search", ("to_static", "nhwc", "bf16", "o2", "cudnn_search")),
+          ("+ CINN", ("to_static", "nhwc", "bf16", "o2", "cudnn_search", "cinn"))]
 
 
 def check_knobs(knobs=()):
-    """Raise if a knob is unknown, lacks the knob it builds on, or cannot run on the current
-    device (``paddle.get_device()``) with this build; the message names the knob and why."""
+    """Refuse the knobs: unknown, or without the knob they build on (ValueError), or unable
+    to run on the current device (``paddle.get_device()``) with this build (RuntimeError,
+    naming every such knob and why)."""
     if set(knobs) - set(KNOBS):
         raise ValueError(f"unknown knobs {sorted(set(knobs) - set(KNOBS))}; choose from {KNOBS}")
     for knob, needs in (("o2", "bf16"), ("cinn", "to_static")):
@@ -63,38 +64,37 @@ def check_knobs(knobs=()):
             raise ValueError(f"knob {knob!r} builds on knob {needs!r}: add it")
     device = paddle.get_device()
     on_gpu = device.startswith("gpu")
-    for knob in ("bf16", "o2"):
-        if knob not in knobs:
-            continue
+    why = {}
+    if {"bf16", "o2"} & set(knobs):
         if not on_gpu:
-            raise RuntimeError(
-                f"knob {knob!r} cannot run on {device}: Paddle {paddle.__version__} runs "
-                f"auto_cast/decorate only on GPUs (CUDAPlace, XPUPlace, CustomPlace); on "
-                f"{device} it warns 'amp_guard can only be enabled on CUDAPlace, XPUPlace, and "
-                f"CustomPlace ... so it makes no effect' and trains in float32")
-        major, minor = paddle.device.cuda.get_device_capability()
-        cuda = paddle.version.cuda()
-        if major < 8 or cuda in (None, "False") or int(cuda.split(".")[0]) < 11:
-            raise RuntimeError(
-                f"knob {knob!r} cannot run on {paddle.device.cuda.get_device_name()}: Paddle's "
-                f"bfloat16 AMP needs compute capability >= 8.0 and CUDA >= 11 (this GPU: "
-                f"{major}.{minor}, CUDA {cuda}); Paddle would train in float32")
+            why["bf16"] = ("Paddle runs AMP only on GPUs: on a CPU auto_cast and decorate warn "
+                           "'amp_guard can only be enabled on CUDAPlace, XPUPlace, and "
+                           "CustomPlace ... so it makes no effect' and train in float32")
+        else:
+            major, minor = paddle.device.cuda.get_device_capability()
+            cuda = paddle.version.cuda()
+            if major < 8 or cuda in (None, "False") or int(cuda.split(".")[0]) < 11:
+                why["bf16"] = (f"Paddle's bfloat16 AMP needs compute capability >= 8.0 and CUDA "
+                               f">= 11 (here {major}.{minor}, CUDA {cuda}), else it trains in "
+                               f"float32")
+        if "bf16" in why and "o2" in knobs:
+            why["o2"] = "as 'bf16'"
     if "cudnn_search" in knobs and not (on_gpu and paddle.is_compiled_with_cuda()):
-        raise RuntimeError(
-            f"knob 'cudnn_search' cannot run on {device}: FLAGS_cudnn_exhaustive_search "
-            f"chooses among cuDNN's convolution algorithms, on a GPU; "
-            + ("Paddle's CPU build has no such flag" if not paddle.is_compiled_with_cuda()
-               else "the CPU's convolutions have no algorithm search"))
+        why["cudnn_search"] = (
+            "FLAGS_cudnn_exhaustive_search picks among cuDNN's convolution algorithms, on a GPU"
+            + ("; Paddle's CPU build has no such flag" if not paddle.is_compiled_with_cuda()
+               else ""))
     if "cinn" in knobs:
-        why = ("this Paddle build has no CINN (paddle.is_compiled_with_cinn() is False)"
-               if not paddle.is_compiled_with_cinn() else
-               f"CINN compiles for GPUs, not {device}" if not on_gpu else
-               "ENABLE_CINN_IN_DY2ST switches it off"
-               if os.environ.get("ENABLE_CINN_IN_DY2ST", "1").lower() in ("0", "false", "off")
-               else None)
-        if why:
-            raise RuntimeError(f"knob 'cinn' cannot run on {device}: {why}; to_static would "
-                               f"run the graph with Paddle's own kernels instead")
+        if not paddle.is_compiled_with_cinn():
+            why["cinn"] = "this Paddle build has no CINN (paddle.is_compiled_with_cinn())"
+        elif not on_gpu:
+            why["cinn"] = "Paddle's to_static uses CINN on GPUs only"
+        elif os.environ.get("ENABLE_CINN_IN_DY2ST", "1").lower() in (
+                "n", "no", "f", "false", "off", "0"):
+            why["cinn"] = "the environment variable ENABLE_CINN_IN_DY2ST switches it off"
+    if why:
+        raise RuntimeError(f"cannot run on {device}: "
+                           + "; ".join(f"knob {k!r}: {v}" for k, v in why.items()))
 
 
 def resnet18(width, knobs=()):
