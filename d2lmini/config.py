@@ -211,9 +211,11 @@ PROFILES: dict[str, Profile] = {
         sharded=ShardedHP(device_batch=32, proof_steps=5, lr=1e-3, accum_steps=4,
                           train_samples=None, test_samples=None, epochs=5, batch_size=256,
                           min_test_acc=0.75, max_acc_gap=0.03),
-        # The ladder of ../shared/gpu-runs/2026-11-27-h200/probe.py, as the benchmark runs it.
-        fastpath=FastHP(width=64, batch=256, batches=(32, 64, 128, 256), warmup=5, repeats=3,
-                        steps=20, compile=True, seeds=2, acc_tol=0.02),
+        # The ladder of ../shared/gpu-runs/2026-11-27-h200/probe.py.  Two batches for the shape:
+        # each new batch recompiles the torch.compile rung (tens of seconds); `make gpu-bench`
+        # sweeps 32, 64, 128 and 256.  acc_tol as the cpu profile's (unrehearsed at width 64).
+        fastpath=FastHP(width=64, batch=256, batches=(64, 256), warmup=5, repeats=3,
+                        steps=20, compile=True, seeds=2, acc_tol=0.03),
     ),
 }
 
