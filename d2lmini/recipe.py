@@ -19,8 +19,13 @@ from .config import get_profile
 from .data import load_fashion_mnist
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    """The recipes' command line; defaults come from the profile's concise settings."""
+def parse_args(argv=None, knobs: tuple | None = None,
+               default_knobs: tuple | None = None) -> argparse.Namespace:
+    """The recipes' command line; defaults come from the profile's concise settings.
+
+    ``knobs``: the fast-path recipes' settings (``recipe/<fw>_fast.py``): ``--knobs a,b``
+    chooses among them (default ``default_knobs``, else all of them), ``args.knobs`` is the
+    tuple chosen, and an unknown knob is an error that lists the known ones."""
     hp = get_profile().concise
     p = argparse.ArgumentParser(description="The concise chapter's recipe: ResNet-18 on "
                                 "Fashion-MNIST, plain SGD, the same initial weights everywhere.")
@@ -33,9 +38,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--test-samples", type=int, default=hp.test_samples)
     p.add_argument("--seed", type=int, default=0, help="initial weights and data order")
     p.add_argument("--out", default=None, help="write the results to this JSON file")
+    if knobs is not None:
+        chosen = knobs if default_knobs is None else default_knobs
+        p.add_argument("--knobs", default=",".join(chosen),
+                       help=f"comma-separated, from: {', '.join(knobs)}")
     args = p.parse_args(argv)
     if args.batch_size < 1 or args.epochs < 1:
         p.error("--batch-size and --epochs must be >= 1")
+    if knobs is not None:
+        args.knobs = tuple(k for k in args.knobs.split(",") if k)
+        unknown = sorted(set(args.knobs) - set(knobs))
+        if unknown:
+            p.error(f"unknown knobs {unknown}; choose from {', '.join(knobs)}")
     return args
 
 

@@ -17,12 +17,13 @@ says in a cell tag what kind of claim it prints, and this test holds it to that:
                     dtypes, strings, raised errors, device placement, equalities of integer
                     data.  It must not compare floats within a tolerance (that is a bound).
 """
-import ast
 import json
 import re
 from pathlib import Path
 
 import pytest
+
+from test_book import _bound_and_loaded     # the names a cell binds and reads
 
 ROOT = Path(__file__).resolve().parents[1]
 KINDS = ("claim:exact", "claim:bound", "claim:discrete")
@@ -50,18 +51,9 @@ def checked_claims(cells):
 def _names(source: str) -> tuple[set[str], set[str]]:
     """The names a cell binds and the names it reads (IPython magics: none)."""
     try:
-        tree = ast.parse(source)
+        return _bound_and_loaded(source)
     except SyntaxError:
         return set(), set()
-    bound, loaded = set(), set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name):
-            (loaded if isinstance(node.ctx, ast.Load) else bound).add(node.id)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            bound.add(node.name)
-        elif isinstance(node, ast.alias):
-            bound.add((node.asname or node.name).split(".")[0])
-    return bound, loaded
 
 
 def sources_behind(cells, index: int) -> list[str]:
