@@ -1,7 +1,8 @@
 """The concise chapter's recipe scripts (chapters/concise/recipe/): in every framework the
 one-device script and the data-parallel one are the same program -- on one device the
 data-parallel script computes exactly what the one-device script computes -- and the
-data-parallel script refuses a global batch its devices cannot split."""
+data-parallel script refuses a global batch its devices cannot split.  The fast-path script
+with no knob turned on is the one-device script too."""
 import json
 import os
 import subprocess
@@ -65,3 +66,21 @@ def test_an_uneven_global_batch_is_refused(fw, tmp_path):
     assert r.returncode != 0
     assert "not divisible" in log
     assert not out.exists()
+
+
+@pytest.mark.parametrize("fw", FRAMEWORKS)
+def test_the_fast_script_without_knobs_is_the_one_device_script(fw, tmp_path):
+    """``<fw>_fast.py --knobs ''`` computes what ``<fw>_one.py`` computes: the fast path adds
+    settings, nothing else (the diff the chapter shows is the whole difference)."""
+    r1, out1, log1 = run(fw, f"{fw}_one.py", 1, tmp_path)
+    assert r1.returncode == 0, log1[-3000:]
+    rf, outf, logf = run(fw, f"{fw}_fast.py", 1, tmp_path, extra=["--knobs="])
+    assert rf.returncode == 0, logf[-3000:]
+    one, fast = json.loads(out1.read_text()), json.loads(outf.read_text())
+    assert fast["loss"] == pytest.approx(one["loss"], rel=1e-5, abs=1e-6), (one, fast)
+    assert fast["test_acc"] == one["test_acc"]
+
+
+def test_a_knob_the_recipe_does_not_know_is_refused(tmp_path):
+    r, out, log = run("jax", "jax_fast.py", 1, tmp_path, extra=["--knobs=donate,turbo"])
+    assert r.returncode != 0 and "unknown knobs ['turbo']" in log and "donate, bf16" in log

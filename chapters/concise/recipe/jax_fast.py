@@ -61,14 +61,8 @@ def evaluate(net, state, X, y, device, batch_size=256):
 
 
 def main(argv=None):
-    import argparse
-    extra = argparse.ArgumentParser(add_help=False)
-    extra.add_argument("--knobs", default=",".join(KNOBS))
-    known, rest = extra.parse_known_args(argv)
-    knobs = tuple(k for k in known.knobs.split(",") if k)
-    if set(knobs) - set(KNOBS):
-        raise SystemExit(f"unknown knobs {sorted(set(knobs) - set(KNOBS))}; choose from {KNOBS}")
-    args = recipe.parse_args(rest)
+    args = recipe.parse_args(argv, knobs=KNOBS)           # --knobs: default all of them
+    knobs = args.knobs
     data = recipe.load_data(args)
     device = d2l.try_gpu()
     net = model(args.width, knobs)

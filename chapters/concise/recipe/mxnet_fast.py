@@ -158,19 +158,11 @@ def evaluate(net, data, device, knobs=()):
 
 
 def main(argv=None):
-    import argparse
-    extra = argparse.ArgumentParser(add_help=False)
-    extra.add_argument("--knobs", default=None,
-                       help="default: hybridize and the device's AMP (fp16 on a GPU, else bf16)")
-    known, rest = extra.parse_known_args(argv)
-    args = recipe.parse_args(rest)
     device = d2l.try_gpu()
-    if known.knobs is None:
-        knobs = ("hybridize", "fp16" if device.device_type == "gpu" else "bf16")
-    else:
-        knobs = tuple(k for k in known.knobs.split(",") if k)
-    if set(knobs) - set(KNOBS):
-        raise SystemExit(f"unknown knobs {sorted(set(knobs) - set(KNOBS))}; choose from {KNOBS}")
+    # --knobs: default hybridize and the device's AMP (fp16 on a GPU, else bf16)
+    args = recipe.parse_args(argv, knobs=KNOBS, default_knobs=(
+        "hybridize", "fp16" if device.device_type == "gpu" else "bf16"))
+    knobs = args.knobs
     dtype = amp_dtype(knobs, device)           # refuses a knob the device cannot run
     data = recipe.load_data(args)
     if dtype:

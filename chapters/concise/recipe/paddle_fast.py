@@ -153,12 +153,8 @@ def evaluate(net, X, y, knobs=(), batch_size=256):
 
 
 def main(argv=None):
-    import argparse
-    extra = argparse.ArgumentParser(add_help=False)
-    extra.add_argument("--knobs", default=",".join(KNOBS))
-    known, rest = extra.parse_known_args(argv)
-    knobs = tuple(k for k in known.knobs.split(",") if k)
-    args = recipe.parse_args(rest)
+    args = recipe.parse_args(argv, knobs=KNOBS)           # --knobs: default all of them
+    knobs = args.knobs
     rank, k = 0, 1                                       # one process, one device
     paddle.set_device(d2l.try_gpu())                     # GPU 0, else the CPU
     try:

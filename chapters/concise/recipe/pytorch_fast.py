@@ -16,6 +16,7 @@ import time
 
 import torch
 from torch import nn
+from torch.utils.data import DataLoader, RandomSampler, TensorDataset
 
 import d2lmini
 from d2lmini import recipe
@@ -65,14 +66,8 @@ def evaluate(net, X, y, device, batch_size=256):
 
 
 def main(argv=None):
-    import argparse
-    extra = argparse.ArgumentParser(add_help=False)
-    extra.add_argument("--knobs", default=",".join(KNOBS))
-    known, rest = extra.parse_known_args(argv)
-    knobs = tuple(k for k in known.knobs.split(",") if k)
-    if set(knobs) - set(KNOBS):
-        raise SystemExit(f"unknown knobs {sorted(set(knobs) - set(KNOBS))}; choose from {KNOBS}")
-    args = recipe.parse_args(rest)
+    args = recipe.parse_args(argv, knobs=KNOBS)           # --knobs: default all of them
+    knobs = args.knobs
     data = recipe.load_data(args)
     device = d2l.try_gpu()
     net = d2l.resnet18(10, 1, width=args.width)
@@ -80,20 +75,22 @@ def main(argv=None):
     model = prepare(net, device, knobs)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     train_step = make_train_step(model, nn.CrossEntropyLoss(), optimizer, device, knobs)
-    train_iter = d2lmini.BatchIterator(data.X_train, data.y_train, args.batch_size,
-                                       shuffle=True, seed=args.seed, drop_last=True)
+    train_set = TensorDataset(torch.from_numpy(data.X_train), torch.from_numpy(data.y_train))
+    sampler = RandomSampler(train_set, generator=torch.Generator())
+    loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler,
+                        pin_memory=device.type == "cuda")   # page-locked: copies run async
     for epoch in range(args.epochs):
+        sampler.generator.manual_seed(args.seed + epoch)  # a new order each epoch, seeded
         model.train()
         start, losses = time.perf_counter(), []
-        for X, y in train_iter:
-            losses.append(train_step(torch.from_numpy(X).to(device),
-                                     torch.from_numpy(y).to(device)))
+        for X, y in loader:
+            losses.append(train_step(X.to(device, non_blocking=True),
+                                     y.to(device, non_blocking=True)))
         loss = torch.stack(losses).mean().item()      # one wait, at the end of the epoch
         seconds = time.perf_counter() - start
         test_acc = evaluate(net, data.X_test, data.y_test, device)
         recipe.report(args, epoch, loss, test_acc, devices=1,
                       framework=d2l.FRAMEWORK, seconds=seconds)
-
 
 if __name__ == "__main__":
     main()
