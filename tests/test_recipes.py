@@ -84,3 +84,59 @@ def test_the_fast_script_without_knobs_is_the_one_device_script(fw, tmp_path):
 def test_a_knob_the_recipe_does_not_know_is_refused(tmp_path):
     r, out, log = run("jax", "jax_fast.py", 1, tmp_path, extra=["--knobs=donate,turbo"])
     assert r.returncode != 0 and "unknown knobs ['turbo']" in log and "donate, bf16" in log
+
+
+# ------------------------------------------------------------------ no host sync per step
+# Calls that make the host wait for the device: a loop that makes one per step times the
+# host's waiting as well as the step, and the four frameworks' recipes would not time the same
+# span (JAX's has none).
+SYNC_METHODS = {"item", "asscalar", "asnumpy", "numpy", "tolist", "block_until_ready"}
+SYNC_FUNCTIONS = {"float", "int"}
+
+
+def host_syncs(node) -> list[str]:
+    import ast
+    found = []
+    for n in ast.walk(node):
+        if isinstance(n, ast.Call):
+            f = n.func
+            if isinstance(f, ast.Attribute) and f.attr in SYNC_METHODS:
+                found.append(f".{f.attr}() at line {n.lineno}")
+            elif isinstance(f, ast.Name) and f.id in SYNC_FUNCTIONS:
+                found.append(f"{f.id}() at line {n.lineno}")
+    return found
+
+
+def per_step_syncs(source: str) -> list[str]:
+    """Host syncs in every ``train_step`` and in the loop that calls it once per batch (the
+    innermost loop or comprehension around each call)."""
+    import ast
+    tree = ast.parse(source)
+    parent = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    problems = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and node.name == "train_step":
+            problems += [f"train_step: {s}" for s in host_syncs(node)]
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                and node.func.id == "train_step"):
+            loop = parent.get(node)
+            while loop is not None and not isinstance(
+                    loop, (ast.For, ast.ListComp, ast.GeneratorExp)):
+                loop = parent.get(loop)
+            if loop is not None:
+                problems += [f"the loop at line {loop.lineno}: {s}" for s in host_syncs(loop)]
+    return problems
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in RECIPE.glob("*_*.py")))
+def test_no_recipe_waits_for_the_device_at_every_step(script):
+    assert per_step_syncs((RECIPE / script).read_text()) == []
+
+
+def test_the_sync_check_finds_a_per_step_item():
+    bad = ("def train_step(m, X):\n    return m(X).item()\n"
+           "def main():\n    for X in data:\n        loss = float(train_step(m, X))\n")
+    assert per_step_syncs(bad) == ["train_step: .item() at line 2",
+                                   "the loop at line 4: float() at line 5"]
+    assert per_step_syncs("def main():\n    for X in data:\n        train_step(m, X)\n"
+                          "    print(float(x))\n") == []

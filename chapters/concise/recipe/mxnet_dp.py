@@ -5,8 +5,6 @@ Fashion-MNIST.  The devices: d2l.try_all_gpus() (how many: D2LMINI_NUM_DEVICES).
 """
 import time
 
-import numpy as np
-
 import d2lmini
 from d2lmini import mxnet as d2l            # before mxnet: installs the NumPy 2 shim
 from d2lmini import recipe
@@ -16,14 +14,14 @@ loss = gluon.loss.SoftmaxCrossEntropyLoss()    # one loss per sample
 
 
 def train_step(net, trainer, X, y, devices):
-    """One SGD step on the batch (X, y); returns its mean loss."""
+    """One SGD step on the batch (X, y); returns its mean loss (on the first device)."""
     X_shards = gluon.utils.split_and_load(X, devices)   # one shard per device
     y_shards = gluon.utils.split_and_load(y, devices)
     with autograd.record():                    # records the graph; BatchNorm in training mode
         ls = [loss(net(Xs), ys) for Xs, ys in zip(X_shards, y_shards)]   # each on its device
     autograd.backward(ls)                      # each replica: the gradient of its shard's SUM
     trainer.step(len(y))                       # the update divides it by len(y)
-    return sum(l.sum().asscalar() for l in ls) / len(y)
+    return nd.add_n(*(l.sum().as_in_context(devices[0]) for l in ls)) / len(y)  # no asscalar()
 
 
 def evaluate(net, data, device):
@@ -52,8 +50,9 @@ def main():
     for epoch in range(args.epochs):           # a new order every epoch
         start = time.time()
         losses = [train_step(net, trainer, X, y, devices) for X, y in batches]
+        loss = nd.concat(*losses, dim=0).mean().asscalar()   # one wait, for the last step
         seconds = time.time() - start
-        recipe.report(args, epoch, np.mean(losses), evaluate(net, data, devices[0]),
+        recipe.report(args, epoch, loss, evaluate(net, data, devices[0]),
                       devices=k, framework=d2l.FRAMEWORK, seconds=seconds)
 
 

@@ -5,8 +5,6 @@ Fashion-MNIST.  The device: the first GPU, else the CPU.
 """
 import time
 
-import numpy as np
-
 import d2lmini
 from d2lmini import mxnet as d2l            # before mxnet: installs the NumPy 2 shim
 from d2lmini import recipe
@@ -16,13 +14,13 @@ loss = gluon.loss.SoftmaxCrossEntropyLoss()    # one loss per sample
 
 
 def train_step(net, trainer, X, y, device):
-    """One SGD step on the batch (X, y); returns its mean loss."""
+    """One SGD step on the batch (X, y); returns its mean loss (on the device)."""
     X, y = nd.array(X, ctx=device), nd.array(y, ctx=device)
     with autograd.record():                    # records the graph; BatchNorm in training mode
         l = loss(net(X), y)
     l.backward()                               # the gradient of the SUM of the losses
     trainer.step(len(y))                       # the update divides it by len(y)
-    return l.sum().asscalar() / len(y)
+    return l.sum() / len(y)                    # no asscalar(): the host does not wait
 
 
 def evaluate(net, data, device):
@@ -47,8 +45,9 @@ def main():
     for epoch in range(args.epochs):           # a new order every epoch
         start = time.time()
         losses = [train_step(net, trainer, X, y, device) for X, y in batches]
+        loss = nd.concat(*losses, dim=0).mean().asscalar()   # one wait, for the last step
         seconds = time.time() - start
-        recipe.report(args, epoch, np.mean(losses), evaluate(net, data, device),
+        recipe.report(args, epoch, loss, evaluate(net, data, device),
                       devices=1, framework=d2l.FRAMEWORK, seconds=seconds)
 
 

@@ -14,12 +14,12 @@ from paddle import nn
 
 
 def train_step(model, loss_fn, optimizer, X, y):
-    """One SGD step on the batch (X, y); returns its mean loss."""
+    """One SGD step on the batch (X, y); returns its mean loss (on the device)."""
     loss = loss_fn(model(X), y)
     loss.backward()
     optimizer.step()
     optimizer.clear_grad()
-    return float(loss)
+    return loss.detach()                  # no float(): the host does not wait for every step
 
 
 @paddle.no_grad()
@@ -53,8 +53,8 @@ def main():
         start = time.perf_counter()
         losses = [train_step(model, loss_fn, optimizer, paddle.to_tensor(data.X_train[idx]),
                              paddle.to_tensor(data.y_train[idx])) for idx in sampler]
+        loss = float(paddle.stack(losses).mean())         # one wait, for the last step
         seconds = time.perf_counter() - start
-        loss = float(np.mean(losses))
         test_acc = evaluate(net, data.X_test, data.y_test)
         if rank == 0:
             recipe.report(args, epoch, loss, test_acc, devices=k, framework=d2l.FRAMEWORK,

@@ -18,12 +18,12 @@ from d2lmini import torch as d2l
 
 
 def train_step(model, loss_fn, optimizer, X, y):
-    """One SGD step on the batch (X, y); returns its mean loss."""
+    """One SGD step on the batch (X, y); returns its mean loss (on the device)."""
     optimizer.zero_grad()
     loss = loss_fn(model(X), y)
     loss.backward()                       # DDP all-reduces (averages) the gradients here
     optimizer.step()
-    return loss.item()
+    return loss.detach()                  # no .item(): the host does not wait for every step
 
 
 @torch.no_grad()
@@ -61,12 +61,13 @@ def main():
         start, losses = time.perf_counter(), []
         for X, y in loader:
             losses.append(train_step(model, loss_fn, optimizer, X.to(device), y.to(device)))
-        seconds = time.perf_counter() - start
-        loss = torch.tensor(losses, device=device).mean()
+        loss = torch.stack(losses).mean()
         dist.all_reduce(loss)             # the sum of the k ranks' mean losses
+        loss = loss.item() / k            # one wait, for the last step
+        seconds = time.perf_counter() - start
         if rank == 0:                     # rank 0's replica, on the whole test set
             test_acc = evaluate(net, data.X_test, data.y_test, device)
-            recipe.report(args, epoch, loss.item() / k, test_acc, devices=k,
+            recipe.report(args, epoch, loss, test_acc, devices=k,
                           framework=d2l.FRAMEWORK, seconds=seconds)
     dist.destroy_process_group()
 
