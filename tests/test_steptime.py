@@ -160,3 +160,23 @@ def test_an_impossible_rate_is_refused(monkeypatch, capsys):
             if l.startswith(tool.MARK)]
     assert not [r for r in recs if r["kind"] == "record"]
     assert all("impossible rate" in r["error"] for r in recs if r["kind"] == "failure")
+
+
+def test_the_h100_records_give_a_fixed_part_that_caps_the_speed_up():
+    """The H100 records of 2026-11-25 (PyTorch DDP, one GPU, batch 256, TF32 off): 39.0 ms at
+    width 64 and 14.8 ms at width 16, a 16th of the FLOP.  As a line in the work, the step has
+    a fixed part of ~13 ms, and the compute alone of a 256-image batch split over 8 GPUs speeds
+    up about 2.4x, not 8x (the issue 'Fast and fair on one GPU', from the book's own records)."""
+    from d2lmini.bench import resnet18_train_flops
+    recs = {}
+    for name in ("bench-torch-w64.json", "bench-torch.json"):
+        data = json.loads((ROOT / "benchmarks" / "h100-2026-11-25" / name).read_text())
+        r = next(r for r in data["results"] if r["impl"] == "concise" and r["devices"] == 1)
+        width = int(r["model"].rsplit(" ", 1)[1])
+        recs[width] = (r["batch_size"], r["step_s_median"])
+    assert set(recs) == {16, 64} and recs[16][0] == recs[64][0] == 256
+    # width 16 is the width-64 step on fewer "width-64 images": the same FLOP
+    equivalent = 256 * resnet18_train_flops(256, 16) / resnet18_train_flops(256, 64)
+    fit = steptime.fit_step_time([equivalent, 256], [recs[16][1], recs[64][1]])
+    assert 0.012 < fit.t0 < 0.0145
+    assert steptime.predicted_speedup(fit, 256, 8) == pytest.approx(2.4, abs=0.15)
