@@ -145,10 +145,11 @@ PROFILES: dict[str, Profile] = {
         sharded=ShardedHP(device_batch=8, proof_steps=3, lr=1e-3, accum_steps=4,
                           train_samples=2048, test_samples=512, epochs=1, batch_size=64,
                           min_test_acc=0.2, max_acc_gap=0.15),
-        # Every code path once, no compiling (its first call takes ~45 s on 2 cores), one seed;
-        # the concise smoke runs stay near chance, so the accuracy bound is loose.
+        # Every code path once, no compiling (its first call takes ~45 s on 2 cores), one seed.
+        # The concise smoke runs stay near chance, where the fast path's gap is noise: up to
+        # 0.11 seen (Paddle, 2026-11-27); the bound leaves room for other processors' kernels.
         fastpath=FastHP(width=8, batch=32, batches=(16, 32), warmup=1, repeats=2, steps=2,
-                        compile=False, seeds=1, acc_tol=0.15),
+                        compile=False, seeds=1, acc_tol=0.25),
     ),
     "cpu": Profile(
         name="cpu",

@@ -155,7 +155,8 @@ def fit_step_time(batches: Sequence[float], seconds: Sequence[float]) -> StepFit
 
     A negative intercept (the step grows faster than linearly: caches, another kernel at the
     larger batch) is clipped to 0 and the slope refitted through the origin: a fixed cost
-    below zero means nothing."""
+    below zero means nothing.  A negative slope (a larger batch timed faster: the timing's
+    noise exceeds what the extra work costs) is clipped to 0, a flat line at the mean."""
     pts = sorted(zip(map(float, batches), map(float, seconds)))
     if len(pts) < 2 or len({b for b, _ in pts}) < 2:
         raise ValueError(f"a line needs at least two distinct batch sizes, got {pts}")
@@ -166,7 +167,9 @@ def fit_step_time(batches: Sequence[float], seconds: Sequence[float]) -> StepFit
     ms = sum(s for _, s in pts) / n
     slope = (sum((b - mb) * (s - ms) for b, s in pts) / sum((b - mb) ** 2 for b, _ in pts))
     t0 = ms - slope * mb
-    if t0 < 0:
+    if slope < 0:
+        t0, slope = ms, 0.0
+    elif t0 < 0:
         t0, slope = 0.0, sum(b * s for b, s in pts) / sum(b * b for b, _ in pts)
     worst = max(abs(t0 + slope * b - s) / s for b, s in pts)
     return StepFit(t0, slope, tuple(pts), worst)

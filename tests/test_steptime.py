@@ -78,6 +78,9 @@ def test_the_fit_recovers_t0_and_the_slope():
     # faster than linear growth: no negative fixed cost, a line through the origin
     clipped = steptime.fit_step_time([1, 2, 4], [0.001, 0.004, 0.012])
     assert clipped.t0 == 0 and clipped.per_example > 0
+    # a larger batch timed faster (noise beyond the extra work): a flat line, not a negative cost
+    flat = steptime.fit_step_time([16, 32], [0.012, 0.010])
+    assert flat.per_example == 0 and flat.t0 == pytest.approx(0.011)
     with pytest.raises(ValueError, match="two distinct"):
         steptime.fit_step_time([64, 64], [0.01, 0.011])
 
