@@ -426,8 +426,7 @@ def multi_device_profile(plan: DevicePlan, profile: Profile | None = None) -> Pr
     The cpu profile's runs are sized for minutes on 2 CPU cores; on a GPU they take seconds.
     """
     profile = profile or get_profile()
-    if plan.stand_ins and plan.count > plan.gpus and profile.name == "gpu" and (
-            plan.cpu_stand_ins or plan.kind == "gpu"):
+    if profile.name == "gpu" and (plan.cpu_stand_ins or (plan.kind == "gpu" and plan.stand_ins)):
         return PROFILES["cpu"]
     return profile
 
