@@ -328,9 +328,10 @@ def run_nbval(nb: Path, timeout: float, env: dict) -> dict:
         res = {"mode": "nbval", "command": " ".join(shlex.quote(c) for c in cmd),
                "seconds": round(seconds, 1), "returncode": rc}
         cells = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0}
-        failing = []
+        failing, times = [], []
         if xml.is_file():
             for case in ET.parse(xml).getroot().iter("testcase"):
+                times.append((float(case.get("time") or 0), case.get("name")))
                 bad = [c for c in case if c.tag in ("failure", "error")]
                 if any(c.tag == "skipped" for c in case):
                     cells["skipped"] += 1
@@ -341,7 +342,9 @@ def run_nbval(nb: Path, timeout: float, env: dict) -> dict:
                                     "message": text[-3000:]})
                 else:
                     cells["passed"] += 1
-        res.update(cells=cells, failing_cells=failing)
+        res.update(cells=cells, failing_cells=failing,      # where a notebook's time goes
+                   slowest_cells=[{"cell": n, "seconds": round(t, 1)}
+                                  for t, n in sorted(times, reverse=True)[:8]])
     if rc is None:
         res.update(status="timeout", error=f"did not finish within {timeout:g} s (killed)")
     elif rc == 0 and cells["passed"] > 0 and not failing:
