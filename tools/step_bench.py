@@ -94,7 +94,7 @@ class Torch:
         net = d2l.canonical_init(d2l.resnet18(10, 1, width=width),
                                  d2lmini.resnet18_init(width=width, seed=0))
         model = self.recipe.prepare(net, self.device, knobs)
-        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        opt = self.recipe.make_optimizer(model, 0.01, self.device, knobs)
         step = self.recipe.make_train_step(model, torch.nn.CrossEntropyLoss(), opt,
                                            self.device, knobs)
         g = torch.Generator().manual_seed(0)
