@@ -9,7 +9,7 @@ device count, a test file, or the tests of the built book. ``make test`` hands t
 longest first, so that the longest ones do not start last. The file only orders the work; a
 unit missing from it runs anyway (counted as ``conftest.UNKNOWN_SECONDS``).
 
-It also prints the seconds per kind of unit (README's table of where the time goes), and the
+It also prints the seconds per kind of unit (docs/test-time.md: where the time goes), and the
 CPU seconds per kind when the run wrote them (``--cpu-seconds``, which ``make test`` passes:
 ``_build/cpu-seconds.json`` beside the XML is read by default).
 """
