@@ -25,9 +25,10 @@ the buffer:
 For GPUs, ``collective_time`` prices NCCL's ring collectives (all-reduce, reduce-scatter,
 all-gather) with published link bandwidths (``LINKS``) and NCCL's own latency table
 (``NCCL_BASE_LATENCY_US``, ``NCCL_HW_LATENCY_US``: src/graph/tuning.cc); ``predict_step``
-combines it with one GPU's step time measured on an H100 (``load_step`` reads the benchmark
-record, ``resnet18_step_times`` gives TF32 on, TF32 off and the earlier FLOP-based
-assumption), with or without overlap (the last bucket stays exposed), and ``critical_batch``
+combines it with one GPU's step measured at several batches on an H200 (``load_step_shape``
+fits ``T(B) = T0 + B t`` to the step benchmark's records; ``resnet18_step_times`` gives those
+shapes and the H100 record scaled linearly, as predicted before), with or without overlap
+(the last bucket stays exposed); every GPU pays ``T0`` (Amdahl's law), and ``critical_batch``
 gives the per-GPU batch below which a step is communication-bound.
 """
 from __future__ import annotations
@@ -56,6 +57,7 @@ __all__ = ["SCHEMES", "coefficients", "model_time", "Fit", "fit", "crossover",
            "ASSUMED_UTILIZATION", "table", "NODE_GPUS", "MIN_PER_GPU_BATCH", "device_limit",
            "BENCHMARKS", "H100_RUN", "H100_RESNET18", "H100_MODEL", "BenchmarkRecordError",
            "MeasuredStep", "load_step", "StepTime", "resnet18_step_times", "step_table",
+           "H200_RUN", "H200_SHAPES", "LINEAR_LABEL", "load_step_shape",
            "speedup_rows", "speedup_table", "plot_speedups"]
 
 SCHEMES = ("ring", "naive", "tree", "rabenseifner")
@@ -635,15 +637,27 @@ def bucket_sizes(n_bytes: float, bucket_bytes: float) -> list[float]:
     return [float(bucket_bytes)] * full + [n_bytes - full * bucket_bytes]
 
 
-def predict_step(compute_s: float, n_bytes: float, k: int, link: Link, *,
+def _shares(compute, k: int) -> tuple[float, float]:
+    """(one device's step on the whole global batch, one of k devices' step on its share):
+    a :class:`StepTime` answers from its measured shape (``at``), a number of seconds splits
+    linearly (``compute / k``)."""
+    if isinstance(compute, StepTime):
+        return compute.seconds, compute.at(compute.batch / k)
+    return compute, compute / k
+
+
+def predict_step(compute_s, n_bytes: float, k: int, link: Link, *,
                  overlap: bool, bucket_bytes: float = DDP_BUCKET_BYTES,
                  backward_share: float = 2 / 3, protocol: str | None = None) -> dict:
     """The model's prediction for one step of data-parallel training with a fixed global batch.
 
-    One device computes the step in ``compute_s``; k devices compute ``compute_s / k`` each and
-    all-reduce ``n_bytes`` of gradients (:func:`collective_time` over ``link``).
+    One device computes the step in ``compute_s``; k devices compute their share of the batch
+    each and all-reduce ``n_bytes`` of gradients (:func:`collective_time` over ``link``).  The
+    share's time: a :class:`StepTime` gives it from the step's measured shape ``T0 + B t``
+    (its fixed part ``T0`` paid by every device: Amdahl's law); a number of seconds is split
+    linearly, ``compute_s / k`` (the older assumption, optimistic for small shares).
 
-    - ``overlap=False``: one all-reduce after backward, ``step = compute/k + t(n)``.
+    - ``overlap=False``: one all-reduce after backward, ``step = share + t(n)``.
     - ``overlap=True``: buckets (:func:`bucket_sizes`) all-reduced one after another on one
       communication stream, each as soon as backward has produced its gradients (assumed at an
       even rate in bytes over the backward pass, ``backward_share`` of the compute) and the
@@ -654,7 +668,7 @@ def predict_step(compute_s: float, n_bytes: float, k: int, link: Link, *,
     Returns ``{"compute_s", "comm_s" (one all-reduce of all n bytes), "exposed_s" (the step's
     time beyond compute), "step_s", "speedup" (over one device), "protocol", "buckets"}``.
     """
-    per_device = compute_s / k
+    whole, per_device = _shares(compute_s, k)
     comm = collective_time("all-reduce", n_bytes, k, link, protocol)
     buckets = bucket_sizes(n_bytes, bucket_bytes) if overlap else [n_bytes]
     if k == 1:
@@ -667,21 +681,21 @@ def predict_step(compute_s: float, n_bytes: float, k: int, link: Link, *,
                                                backward_share=backward_share,
                                                protocol=protocol)[-1]["end"])
     return {"compute_s": per_device, "comm_s": comm, "exposed_s": step - per_device,
-            "step_s": step, "speedup": compute_s / step,
+            "step_s": step, "speedup": whole / step,
             "protocol": nccl_protocol("all-reduce", n_bytes, k, link) if protocol is None else protocol,
             "buckets": len(buckets)}
 
 
-def bucket_timeline(compute_s: float, n_bytes: float, k: int, link: Link, *,
+def bucket_timeline(compute_s, n_bytes: float, k: int, link: Link, *,
                     bucket_bytes: float = DDP_BUCKET_BYTES, backward_share: float = 2 / 3,
                     protocol: str | None = None) -> list[dict]:
     """When each bucket's all-reduce runs in :func:`predict_step`'s overlapped step (seconds
-    from the start of the step, one device's share ``compute_s / k`` of the compute): one dict
+    from the start of the step, one device's share of the compute, as there): one dict
     per bucket, in the order backward fills them, with ``bytes``, ``ready`` (backward has
     produced its gradients: at an even rate in bytes over the backward pass), ``start`` (ready,
     and the one communication stream free) and ``end``; plus ``forward_s`` and ``backward_s``
     in every dict."""
-    per_device = compute_s / k
+    per_device = _shares(compute_s, k)[1]
     forward, backward = per_device * (1 - backward_share), per_device * backward_share
     out, free, filled = [], 0.0, 0.0          # when the stream is free; gradient bytes produced
     for size in bucket_sizes(n_bytes, bucket_bytes):
@@ -694,7 +708,7 @@ def bucket_timeline(compute_s: float, n_bytes: float, k: int, link: Link, *,
     return out
 
 
-def plot_overlap_timeline(compute_s: float, n_bytes: float, k: int, link: Link, *,
+def plot_overlap_timeline(compute_s, n_bytes: float, k: int, link: Link, *,
                           bucket_sizes_bytes=(DDP_BUCKET_BYTES,), title: str = "", ax=None):
     """One step of :func:`predict_step` drawn as lanes: the compute (forward, backward) and,
     for each bucket size, the all-reduces of its buckets on one communication stream, with
@@ -752,7 +766,7 @@ def device_limit(global_batch: int, link: Link, min_per_gpu: int = MIN_PER_GPU_B
     return max(1, k)
 
 
-def best_speedup(compute_s: float, n_bytes: float, link: Link, *, overlap: bool, max_k: int,
+def best_speedup(compute_s, n_bytes: float, link: Link, *, overlap: bool, max_k: int,
                  **kw) -> tuple[int, float]:
     """The largest speed-up the model allows over k = 1..max_k devices, and the k reaching it:
     compute shrinks as 1/k while the all-reduce does not (its latency term even grows).
@@ -765,41 +779,58 @@ def best_speedup(compute_s: float, n_bytes: float, link: Link, *, overlap: bool,
     return best, predict_step(compute_s, n_bytes, best, link, overlap=overlap, **kw)["speedup"]
 
 
-def critical_batch(seconds_per_image: float, n_bytes: float, k: int, link: Link) -> float:
+def critical_batch(step, n_bytes: float, k: int, link: Link) -> float:
     """The per-GPU batch at which one GPU's compute takes as long as the gradient all-reduce on
-    k GPUs: ``t_allreduce / seconds_per_image``.  Below it a step without overlap spends more
-    time communicating than computing (communication-bound); above it, compute-bound.  Assumes,
-    like :meth:`MeasuredStep.compute_time`, a step time linear in the batch.  0 for k = 1."""
-    if seconds_per_image <= 0:
+    k GPUs.  Below it a step without overlap spends more time communicating than computing
+    (communication-bound); above it, compute-bound.  0 for k = 1.
+
+    ``step``: a :class:`StepTime` (its measured shape ``T0 + B t``: ``(t_allreduce - T0) / t``,
+    and 0 when the fixed part alone outlasts the all-reduce -- such a step is never
+    communication-bound, whatever its batch), or seconds per image (linear: ``t_allreduce /
+    seconds_per_image``)."""
+    c = collective_time("all-reduce", n_bytes, k, link)
+    if isinstance(step, StepTime):
+        if step.fit is None:
+            step = step.seconds / step.batch
+        else:
+            t0, t = step.fit.t0, step.fit.per_example
+            if c <= t0:
+                return 0.0
+            return (c - t0) / t if t > 0 else math.inf
+    if step <= 0:
         raise ValueError("need a positive time per image")
-    return collective_time("all-reduce", n_bytes, k, link) / seconds_per_image
+    return c / step
 
 
-def plot_roofline(steps: dict[str, "StepTime"], batch: int, n_bytes: float,
+def plot_roofline(steps: dict[str, "StepTime"], n_bytes: float,
                   links: Iterable[Link], *, k: int = NODE_GPUS, global_batch: int = 256,
                   weak_batch: int = MIN_PER_GPU_BATCH, max_k: int = 64,
                   title: str = ""):
-    """Two panels made from the measured step times (``steps``, at ``batch`` images) and the
-    links.  Left: one GPU's compute per step against its per-GPU batch (lines rising with the
-    batch), the all-reduce of ``n_bytes`` on k GPUs over each link (flat lines), and where they
-    cross (:func:`critical_batch`).  Right: predicted speed-up against k without overlap, strong
-    scaling (``global_batch`` split over k, up to :func:`device_limit`) and weak scaling
-    (``weak_batch`` images per GPU, global batch growing with k; up to the link's domain or
-    ``max_k``), for the first step time.  Returns the matplotlib figure."""
+    """Two panels made from the measured step times (``steps``: each its time at a batch and,
+    where measured, its shape ``T0 + B t``) and the links.  Left: one GPU's compute per step
+    against its per-GPU batch (rising curves; a fixed part keeps them from falling below
+    ``T0``), the all-reduce of ``n_bytes`` on k GPUs over each link (flat lines), and where they
+    cross (:func:`critical_batch`; a step whose fixed part outlasts the all-reduce never does).
+    Right: predicted speed-up against k without overlap, strong scaling (``global_batch`` split
+    over k, up to :func:`device_limit`) and weak scaling (``weak_batch`` images per GPU, global
+    batch growing with k; up to the link's domain or ``max_k``), for the first step time.
+    Returns the matplotlib figure."""
+    import dataclasses
     import matplotlib.pyplot as plt
     links = list(links)
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10.5, 3.8))
-    per_image = {label: s.seconds / batch for label, s in steps.items()}
     b = np.geomspace(1, 2048, 100)
-    for j, (label, t) in enumerate(per_image.items()):
-        ax.plot(b, b * t * 1e3, "-", color=f"C{j}", lw=1.5, label=f"compute, {label}")
+    for j, (label, s) in enumerate(steps.items()):
+        ax.plot(b, [s.at(x) * 1e3 for x in b], "-", color=f"C{j}", lw=1.5,
+                label=f"compute, {label}")
     for i, link in enumerate(links):
         c = collective_time("all-reduce", n_bytes, k, link)
         ax.axhline(c * 1e3, color="0.3", ls=(0, (1 + 2 * i, 2)), lw=1,
                    label=f"all-reduce, {k} GPUs, {link.name}")
-        for j, t in enumerate(per_image.values()):
-            bc = critical_batch(t, n_bytes, k, link)
-            ax.plot([bc], [c * 1e3], "o", color=f"C{j}", ms=4)
+        for j, s in enumerate(steps.values()):
+            bc = critical_batch(s, n_bytes, k, link)
+            if 0 < bc < math.inf:
+                ax.plot([bc], [c * 1e3], "o", color=f"C{j}", ms=4)
     ax.axvline(global_batch / k, color="lightgray", lw=3, zorder=0,
                label=f"{global_batch} images on {k} GPUs")
     ax.set_xscale("log")
@@ -808,14 +839,16 @@ def plot_roofline(steps: dict[str, "StepTime"], batch: int, n_bytes: float,
     ax.set_ylabel("time per step (ms)")
     ax.set_title("left of a dot: communication-bound; right: compute-bound", fontsize=9)
     ax.legend(fontsize=6, loc="upper left")
-    t = next(iter(per_image.values()))
+    first = next(iter(steps.values()))
+    whole = dataclasses.replace(first, seconds=first.at(global_batch), batch=global_batch)
+    one = first.at(weak_batch)                     # one GPU's step on its weak-scaling share
     for i, link in enumerate(links):
         strong_k = np.arange(1, device_limit(global_batch, link) + 1)
-        strong = [predict_step(global_batch * t, n_bytes, int(j), link, overlap=False)["speedup"]
+        strong = [predict_step(whole, n_bytes, int(j), link, overlap=False)["speedup"]
                   for j in strong_k]
         weak_k = np.arange(1, (link.domain or max_k) + 1)
-        weak = [predict_step(int(j) * weak_batch * t, n_bytes, int(j), link,
-                             overlap=False)["speedup"] for j in weak_k]
+        weak = [j * one / (one + (collective_time("all-reduce", n_bytes, int(j), link)
+                                  if j > 1 else 0.0)) for j in weak_k]
         ax2.plot(strong_k, strong, "-o", color=f"C{i + 2}", ms=3, lw=1.2,
                  label=f"strong ({global_batch} in all), {link.name}")
         ax2.plot(weak_k, weak, ":", color=f"C{i + 2}", lw=1.5,
@@ -927,48 +960,116 @@ def load_step(path, *, model: str = H100_MODEL, framework: str = "torch", device
                         str(versions.get(framework, "?")), str(path))
 
 
+# The second H200 loan (benchmarks/h200-2026-11-27/README.md): the step benchmark timed the
+# concise chapter's fast recipe at per-GPU batches 32, 128 and 256 on device arrays
+# (tools/step_bench.py -> steps.json), and a probe the same way with CUDA graphs
+# (probe-cudagraphs.jsonl).  Each gives the step's shape, T(B) = T0 + B t.
+H200_RUN = BENCHMARKS / "h200-2026-11-27"
+H200_SHAPES = {      # label: (file, framework, rung or probe variant)
+    "measured, H200, PyTorch eager": ("steps.json", "torch", "defaults"),
+    "measured, H200, JAX": ("steps.json", "jax", "defaults"),
+    "measured, H200, PyTorch, CUDA graphs + bf16": (
+        "probe-cudagraphs.jsonl", "torch", "compile reduce-overhead cl+bench fusedSGD bf16"),
+}
+LINEAR_LABEL = "measured, H100, PyTorch, linear in the batch"
+
+
 @dataclass(frozen=True)
 class StepTime:
-    """One GPU's step time at a batch, and where it comes from (measured or assumed)."""
+    """One GPU's step time at a batch, where it comes from, and -- where it was measured at
+    several batches -- its shape ``fit`` (:class:`d2lmini.steptime.StepFit`, ``T0 + B t``)."""
     label: str
-    seconds: float
+    seconds: float          # one GPU's step on ``batch`` images
     source: str
     forward_flops: float    # per image, to turn the time into a rate
+    batch: int = 256
+    fit: object = None
 
     @property
     def measured(self) -> bool:
-        return self.label.startswith("measured")
+        return self.source.startswith("measured")
+
+    def at(self, batch: float) -> float:
+        """One GPU's step on ``batch`` images: the measured shape where there is one, else the
+        time per image at ``self.batch`` times ``batch`` (linear, optimistic for small ones)."""
+        if batch <= 0:
+            raise ValueError(f"need a positive batch, got {batch}")
+        return self.fit(batch) if self.fit is not None else self.seconds * batch / self.batch
+
+    @property
+    def fixed_s(self) -> float:
+        """``T0``: the part of every step that does not shrink with the batch (0 if linear)."""
+        return self.fit.t0 if self.fit is not None else 0.0
 
     def rate(self, batch: int) -> float:
         """The FLOP/s this step time means (forward + backward = 3x the forward FLOPs)."""
-        return 3.0 * self.forward_flops * batch / self.seconds
+        return 3.0 * self.forward_flops * batch / self.at(batch)
 
 
-def resnet18_step_times(batch: int, gpu: Gpu = GPUS["H100 SXM"]) -> dict[str, StepTime]:
-    """One GPU's step of the ResNet-18 width 64 at ``batch``: measured on one H100 with TF32 on
-    (the frameworks' GPU default: first, the primary prediction) and off, both scaled linearly
-    from the measured batch (:meth:`MeasuredStep.compute_time`), and the FLOP-based assumption
-    the chapter used before the measurement."""
+def load_step_shape(path, framework: str, rung: str):
+    """The fitted ``T0 + B t`` (:class:`d2lmini.steptime.StepFit`) of one framework's step in
+    a record of the step benchmark (``steps.json``: its records with the span "step on device
+    arrays") or of a probe (``.jsonl``: one line per variant and batch, ``ms``), and a source
+    line.  Raises ``FileNotFoundError`` or :class:`BenchmarkRecordError` (fewer than two
+    batches, a record off the GPU)."""
+    import json
+    from .steptime import STEP, fit_step_time
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"step record {path} not found (see {BENCHMARKS}/*/README.md)")
+    try:
+        if path.suffix == ".jsonl":
+            lines = [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
+            pts = {int(r["batch"]): r["ms"] / 1e3 for r in lines
+                   if r.get("fw") == framework and r.get("variant") == rung and "ms" in r}
+            version = next((r.get("version") for r in lines if r.get("fw") == framework), "?")
+            where, date = "NVIDIA H200", path.parent.name[-10:]
+        else:
+            rec = json.loads(path.read_text())
+            rs = [r for r in rec["records"] if r["framework"] == framework and r["rung"] == rung
+                  and r["span"] == STEP]
+            if any(not r["on_gpu"] for r in rs):
+                raise BenchmarkRecordError(f"step record {path}: {framework} {rung!r} ran off the GPU")
+            pts = {int(r["batch"]): r["ms_median"] / 1e3 for r in rs}
+            version = rec["versions"].get(framework, "?")
+            where, date = rec["hardware"]["gpus"][0], rec["date"][:10]
+    except (json.JSONDecodeError, KeyError, IndexError, TypeError) as e:
+        raise BenchmarkRecordError(f"step record {path} is not readable ({type(e).__name__}: "
+                                   f"{e})") from None
+    if len(pts) < 2:
+        raise BenchmarkRecordError(f"step record {path}: {framework} {rung!r} measured at "
+                                   f"{sorted(pts)} -- a shape needs two batches or more")
+    fit = fit_step_time(list(pts), list(pts.values()))
+    return fit, (f"measured: {path.parent.name}/{path.name}, {where}, {framework} {version}, "
+                 f"{date}, batches {', '.join(map(str, sorted(pts)))} (the line within "
+                 f"{fit.max_rel_error:.0%})")
+
+
+def resnet18_step_times(batch: int) -> dict[str, StepTime]:
+    """One GPU's step of the ResNet-18 width 64, at ``batch`` images: the three shapes measured
+    on one H200 (``H200_SHAPES``: PyTorch eager first, the primary prediction; JAX; PyTorch's
+    fast path), and the H100 record scaled linearly from its one batch, as the chapter predicted
+    before the shape was measured (TF32 on, PyTorch's default)."""
     flops = resnet18_flops(width=64)
     out = {}
-    for label, path in H100_RESNET18.items():
-        m = load_step(path)
-        out[label] = StepTime(label, m.compute_time(batch), m.source, flops)
-    label = "assumed before the measurement"
-    out[label] = StepTime(label, compute_time(flops, batch, gpu, ASSUMED_UTILIZATION),
-                          f"assumed: {ASSUMED_UTILIZATION:.0%} of the {gpu.name}'s "
-                          f"{gpu.fp32_flops / 1e12:g} TFLOPS FP32 ({gpu.source.split(':')[0]})",
-                          flops)
+    for label, (name, framework, rung) in H200_SHAPES.items():
+        fit, source = load_step_shape(H200_RUN / name, framework, rung)
+        out[label] = StepTime(label, fit(batch), source, flops, batch, fit)
+    m = load_step(H100_RESNET18["measured, TF32 on (default)"])
+    out[LINEAR_LABEL] = StepTime(LINEAR_LABEL, m.compute_time(batch), m.source, flops, batch)
     return out
 
 
-def step_table(steps: dict[str, StepTime], batch: int) -> str:
-    """A Markdown table: each one-GPU step time, the rate it means, and its source."""
-    lines = [f"| one GPU, batch {batch} | step | rate ({3 * next(iter(steps.values())).forward_flops / 1e9:.2f} "
-             "GFLOP per image) | from |", "|---|---|---|---|"]
+def step_table(steps: dict[str, StepTime], batch: int, k: int = NODE_GPUS) -> str:
+    """A Markdown table: each one-GPU step at ``batch`` and at ``batch / k``, its fixed part
+    ``T0``, the rate at ``batch``, and its source."""
+    lines = [f"| one GPU | batch {batch} | batch {batch // k} | fixed part $T_0$ | rate at "
+             f"{batch} | from |", "|---|---|---|---|---|---|"]
     for s in steps.values():
-        lines.append(f"| {s.label} | {s.seconds * 1e3:.1f} ms | {s.rate(batch) / 1e12:.1f} TFLOP/s "
-                     f"| {s.source} |")
+        lines.append(f"| {s.label.removeprefix('measured, ')} | {s.at(batch) * 1e3:.2f} ms | "
+                     f"{s.at(batch / k) * 1e3:.2f} ms | "
+                     f"{f'{s.fixed_s * 1e3:.2f} ms' if s.fit is not None else '0 (assumed)'} | "
+                     f"{s.rate(batch) / 1e12:.0f} TFLOP/s | {s.source.removeprefix('measured: ')} |")
     return "\n".join(lines)
 
 
@@ -977,8 +1078,8 @@ def speedup_rows(steps: dict[str, StepTime], n_bytes: float, links: Iterable[Lin
     """:func:`predict_step` on k GPUs for every step time and link, after backward and
     overlapped: ``{"step", "link", "after", "overlapped"}`` (the predictions' dicts)."""
     return [{"step": s.label, "link": link.name,
-             "after": predict_step(s.seconds, n_bytes, k, link, overlap=False),
-             "overlapped": predict_step(s.seconds, n_bytes, k, link, overlap=True)}
+             "after": predict_step(s, n_bytes, k, link, overlap=False),
+             "overlapped": predict_step(s, n_bytes, k, link, overlap=True)}
             for s in steps.values() for link in links]
 
 
@@ -989,7 +1090,7 @@ def speedup_table(rows: list[dict], k: int) -> str:
              "| speed-up, after backward | speed-up, overlapped |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         a, o = r["after"], r["overlapped"]
-        lines.append(f"| {r['step']} | {r['link']} | {fmt_seconds(a['compute_s'])} | "
+        lines.append(f"| {r['step'].removeprefix('measured, ')} | {r['link']} | {fmt_seconds(a['compute_s'])} | "
                      f"{fmt_seconds(a['comm_s'])} ({a['protocol']}) | {fmt_seconds(o['exposed_s'])} | "
                      f"{sig(a['speedup'])}x | {sig(o['speedup'])}x |")
     return "\n".join(lines)
@@ -1010,7 +1111,7 @@ def plot_speedups(steps: dict[str, StepTime], n_bytes: float, links: Iterable[Li
         ax.plot(ks, ks, "-", color="lightgray", lw=3)
         for j, s in enumerate(steps.values()):
             for overlap, style, lw in ((False, "-o", 1.2), (True, ":", 1.0)):
-                sp = [predict_step(s.seconds, n_bytes, int(i), link, overlap=overlap)["speedup"]
+                sp = [predict_step(s, n_bytes, int(i), link, overlap=overlap)["speedup"]
                       for i in ks]
                 ax.plot(ks, sp, style, color=f"C{j}", lw=lw, ms=3)
         ax.set_xlabel("GPUs k")

@@ -29,7 +29,7 @@ from typing import Callable, Iterable, Sequence
 
 __all__ = ["STEP", "EPOCH", "StepTiming", "time_steps", "time_epoch", "StepFit",
            "fit_step_time", "mfu", "predicted_speedup", "plot_step_fits", "ladder",
-           "step_shape", "ladder_table", "plot_ladder", "same_accuracy"]
+           "step_shape", "ladder_table", "plot_ladder", "same_accuracy", "PROBE_RUNGS", "gpu_ladders", "gpu_ladder_table", "plot_gpu_ladders"]
 
 STEP = "step on device arrays"
 EPOCH = "epoch with input pipeline"
@@ -286,3 +286,92 @@ def same_accuracy(fast: Sequence[float], base: Sequence[float], tol: float) -> d
     spread = max(max(fast) - min(fast), max(base) - min(base))
     return {"gap": gap, "spread": spread, "bound": max(spread, tol),
             "ok": gap <= max(spread, tol)}
+
+
+# ------------------------------------------------------------------ a GPU run's stored ladders
+# The CUDA-graphs probe of benchmarks/h200-2026-11-27 (probe_cudagraphs.py): the same step
+# definition as the benchmark, run after it on the same card; its variants as ladder rungs.
+PROBE_RUNGS = {
+    "compile reduce-overhead (CUDA graphs) cl+bench fusedSGD":
+        ("+ torch.compile (CUDA graphs), fused SGD", ""),
+    "compile reduce-overhead cl+bench fusedSGD bf16": ("+ bf16 autocast", "bf16"),
+}
+
+
+def gpu_ladders(run_dir, batch: int = 256) -> list[dict]:
+    """Every framework's fast-path ladder at ``batch`` from one GPU run's stored files: the
+    step benchmark's records (``steps.json``, span "step on device arrays") and, where the run
+    has one, the CUDA-graphs probe (``probe-cudagraphs.jsonl``) after PyTorch's benchmark
+    rungs that do not compile.  Each row: framework, rung, ms (median, min, max), TFLOP/s, MFU
+    against the peak the benchmark measured for its numerics, and ``timed_by``."""
+    import json
+    from pathlib import Path
+    run_dir = Path(run_dir)
+    rec = json.loads((run_dir / "steps.json").read_text())
+    peaks = {p["framework"]: p["peak_flops"] for p in rec["peaks"]}
+    rows = [dict(r, timed_by="benchmark") for r in rec["records"]
+            if r["span"] == STEP and r["batch"] == batch]
+    probe = run_dir / "probe-cudagraphs.jsonl"
+    if probe.is_file():
+        from .bench import resnet18_train_flops
+        rows = [r for r in rows if not (r["framework"] == "torch" and "compile" in r["knobs"])]
+        for r in rows:            # the benchmark's ladder put bf16 before compiling: an aside
+            if r["framework"] == "torch" and "bf16" in r["knobs"]:
+                r["rung"] = "(bf16 autocast, eager: off the ladder)"
+        width = rec["settings"]["width"]
+        for line in probe.read_text().splitlines():
+            p = json.loads(line)
+            if p.get("variant") not in PROBE_RUNGS or p.get("batch") != batch:
+                continue
+            rung, numerics = PROBE_RUNGS[p["variant"]]
+            flop = resnet18_train_flops(batch, width)
+            peak = peaks[p["fw"]]["bf16" if numerics else "tf32"]
+            rows.append({"framework": p["fw"], "rung": rung, "batch": batch, "width": width,
+                         "ms_median": p["ms"], "ms_min": min(p["reps"]),
+                         "ms_max": max(p["reps"]), "tflops": flop / p["ms"] * 1e3 / 1e12,
+                         "mfu": mfu(flop, p["ms"] / 1e3, peak), "peak_of": numerics or "tf32",
+                         "timed_by": "probe, after the benchmark"})
+    order = {fw: i for i, fw in enumerate(["torch", "jax", "paddle", "mxnet"])}
+    rows.sort(key=lambda r: order.get(r["framework"], 9))       # stable: ladder order kept
+    for fw in {r["framework"] for r in rows}:
+        mine = [r for r in rows if r["framework"] == fw]
+        for r in mine:
+            r["speedup"] = mine[0]["ms_median"] / r["ms_median"]
+    return rows
+
+
+NAMES = {"torch": "PyTorch", "jax": "JAX", "paddle": "Paddle", "mxnet": "MXNet"}
+
+
+def gpu_ladder_table(rows: Sequence[dict]) -> str:
+    """:func:`gpu_ladders` as a Markdown table."""
+    out = ["| framework | setting | ms per step | TFLOP/s | MFU | timed by |",
+           "|---|---|---:|---:|---:|---|"]
+    for r in rows:
+        out.append(f"| {NAMES.get(r['framework'], r['framework'])} | {r['rung']} | "
+                   f"{r['ms_median']:.2f} | {r['tflops']:.0f} | {r['mfu']:.0%} | {r['timed_by']} |")
+    return "\n".join(out)
+
+
+def plot_gpu_ladders(rows: Sequence[dict], title: str = "", ax=None):
+    """Horizontal bars, one group per framework: ms per step of each rung (the windows'
+    range as error bars), its MFU written beside it; a probe's rungs hatched."""
+    import matplotlib.pyplot as plt
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8.5, 0.38 * len(rows) + 1.3))
+    labels = [f"{NAMES.get(r['framework'], r['framework'])}: {r['rung']}" for r in rows][::-1]
+    rs = rows[::-1]
+    med = [r["ms_median"] for r in rs]
+    err = [[r["ms_median"] - r["ms_min"] for r in rs], [r["ms_max"] - r["ms_median"] for r in rs]]
+    colors = [f"C{['torch', 'jax', 'paddle', 'mxnet'].index(r['framework'])}" for r in rs]
+    bars = ax.barh(labels, med, xerr=err, color=colors, alpha=0.85, capsize=2)
+    for bar, r in zip(bars, rs):
+        if r["timed_by"] != "benchmark":
+            bar.set_hatch("//")
+        ax.annotate(f"  MFU {r['mfu']:.0%}", (r["ms_max"], bar.get_y() + bar.get_height() / 2),
+                    va="center", fontsize=7)
+    ax.set_xlabel("ms per training step, the batch on the GPU (lower is faster); hatched: probe")
+    ax.set_title(title or "The fast path on one GPU, one setting at a time", fontsize=9)
+    ax.grid(axis="x", alpha=0.3)
+    ax.set_xlim(0, max(r["ms_max"] for r in rows) * 1.25)
+    return ax

@@ -1,8 +1,12 @@
 """The alpha-beta model of all-reduce and its fit (d2lmini.commcost)."""
+import json
+from pathlib import Path
 import math
 
 import numpy as np
 import pytest
+
+from d2lmini import steptime
 
 from d2lmini import commcost as cc
 
@@ -463,24 +467,95 @@ def test_load_step_errors_name_the_file_and_the_problem(tmp_path):
     assert isinstance(cc.BenchmarkRecordError("x"), ValueError)
 
 
-def test_resnet18_step_times_measured_first_then_the_old_assumption():
+def test_resnet18_step_times_are_the_measured_shapes_then_the_linear_h100_record():
     steps = cc.resnet18_step_times(256)
-    labels = list(steps)
-    assert labels == [*cc.H100_RESNET18, "assumed before the measurement"]
-    for label, path in cc.H100_RESNET18.items():
-        assert steps[label].measured and steps[label].seconds == _raw(path)["results"][0]["step_s_median"]
-    old = steps["assumed before the measurement"]
-    assert not old.measured and "assumed" in old.source and "40%" in old.source
-    assert old.seconds == pytest.approx(cc.compute_time(cc.resnet18_flops(64), 256, cc.GPUS["H100 SXM"],
-                                                        cc.ASSUMED_UTILIZATION))
-    assert 0.026 < old.seconds < 0.0262                               # the chapter's 26 ms
+    assert list(steps) == [*cc.H200_SHAPES, cc.LINEAR_LABEL]
+    assert all(s.measured for s in steps.values())
+    # each shape is the least-squares line through the benchmark's own records
+    rec = _raw(cc.H200_RUN / "steps.json")
+    for label, (name, fw, rung) in cc.H200_SHAPES.items():
+        s = steps[label]
+        if name == "steps.json":
+            pts = {r["batch"]: r["ms_median"] / 1e3 for r in rec["records"]
+                   if r["framework"] == fw and r["rung"] == rung and r["span"] == steptime.STEP}
+        else:
+            pts = {r["batch"]: r["ms"] / 1e3 for r in map(json.loads, (cc.H200_RUN / name).read_text().splitlines())
+                   if r["variant"] == rung}
+        assert len(pts) >= 2 and s.fit == steptime.fit_step_time(list(pts), list(pts.values()))
+        assert s.seconds == s.at(256) == s.fit(256) and s.fixed_s == s.fit.t0 > 0
+        assert s.at(32) > s.seconds / 8                    # the fixed part: not linear
+        assert "h200-2026-11-27" in s.source and "within" in s.source
+    eager = steps["measured, H200, PyTorch eager"]
+    assert 0.9 < eager.fit.fixed_share < 1.0                # launch-bound: README's 93 %
+    assert eager.at(32) == pytest.approx(_raw_ms(rec, "torch", "defaults", 32), rel=0.01)
+    lin = steps[cc.LINEAR_LABEL]
+    assert lin.fit is None and lin.fixed_s == 0.0 and lin.at(32) == pytest.approx(lin.seconds / 8)
+    assert lin.seconds == _raw(cc.H100_RESNET18["measured, TF32 on (default)"])["results"][0]["step_s_median"]
     # the rate a step time means: 3 x 0.91 GFLOP per image (torch's FlopCounter: 2.73 GFLOP)
     assert 3 * cc.resnet18_flops(64) == pytest.approx(2.73e9, rel=0.01)
-    assert old.rate(256) == pytest.approx(cc.GPUS["H100 SXM"].fp32_flops * cc.ASSUMED_UTILIZATION)
+    assert lin.rate(256) == pytest.approx(2.73e9 * 256 / lin.seconds, rel=0.01)
     half = cc.resnet18_step_times(128)
-    assert all(half[l].seconds == pytest.approx(steps[l].seconds / 2) for l in labels)
+    assert all(half[l].seconds == pytest.approx(steps[l].at(128)) for l in steps)
     table = cc.step_table(steps, 256)
-    assert table.count("\n") == 1 + len(steps) and "2.73 GFLOP" in table and "19.8 ms" in table
+    assert table.count("\n") == 1 + len(steps) and "0 (assumed)" in table
+    assert f"{eager.fixed_s * 1e3:.2f} ms" in table
+    with pytest.raises(ValueError):
+        eager.at(0)
+
+
+def _raw_ms(rec, fw, rung, batch):
+    return next(r["ms_median"] for r in rec["records"] if r["framework"] == fw
+                and r["rung"] == rung and r["batch"] == batch and r["span"] == steptime.STEP) / 1e3
+
+
+def test_load_step_shape_refuses_what_is_not_a_shape(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        cc.load_step_shape(tmp_path / "none.json", "torch", "defaults")
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(cc.BenchmarkRecordError, match="not readable"):
+        cc.load_step_shape(tmp_path / "bad.json", "torch", "defaults")
+    rec = _raw(cc.H200_RUN / "steps.json")
+    one = dict(rec, records=[r for r in rec["records"] if r["batch"] == 256])
+    (tmp_path / "one.json").write_text(json.dumps(one))
+    with pytest.raises(cc.BenchmarkRecordError, match="two batches"):
+        cc.load_step_shape(tmp_path / "one.json", "torch", "defaults")
+    cpu = dict(rec, records=[dict(r, on_gpu=False) for r in rec["records"]])
+    (tmp_path / "cpu.json").write_text(json.dumps(cpu))
+    with pytest.raises(cc.BenchmarkRecordError, match="off the GPU"):
+        cc.load_step_shape(tmp_path / "cpu.json", "torch", "defaults")
+
+
+def test_the_fixed_part_caps_the_strong_scaling_speed_up():
+    """Amdahl's law with T0 as the serial part: k GPUs at a fixed global batch never beat
+    T(G) / T(G/k); the linear step's speed-up is above every measured shape's (issue #32)."""
+    steps = cc.resnet18_step_times(256)
+    nv = cc.LINKS["NVLink 4 (H100 SXM)"]
+    for s in steps.values():
+        for k in (2, 4, 8):
+            p = cc.predict_step(s, 4.47e7, k, nv, overlap=False)
+            assert p["compute_s"] == pytest.approx(s.at(256 / k))
+            assert p["speedup"] < s.seconds / s.at(256 / k) <= k + 1e-9
+    lin = cc.predict_step(steps[cc.LINEAR_LABEL], 4.47e7, 8, nv, overlap=False)["speedup"]
+    assert lin > 5 and all(cc.predict_step(s, 4.47e7, 8, nv, overlap=False)["speedup"] < lin / 3
+                           for l, s in steps.items() if l != cc.LINEAR_LABEL)
+    # a number still splits linearly, as before
+    assert cc.predict_step(0.02, 4.47e7, 8, nv, overlap=False)["compute_s"] == pytest.approx(0.0025)
+
+
+def test_critical_batch_of_a_shape():
+    nv, ib = cc.LINKS["NVLink 4 (H100 SXM)"], cc.LINKS["InfiniBand NDR"]
+    fit = steptime.fit_step_time([32, 256], [0.001, 0.003])     # T0 = 0.714 ms, t = 8.9 us
+    s = cc.StepTime("x", fit(256), "measured: test", 1.0, 256, fit)
+    c = cc.collective_time("all-reduce", 4.47e7, 8, ib)
+    assert c > fit.t0
+    b = cc.critical_batch(s, 4.47e7, 8, ib)
+    assert s.at(b) == pytest.approx(c)                          # compute meets the all-reduce
+    # a fixed part longer than the all-reduce: never communication-bound
+    slow = steptime.fit_step_time([32, 256], [0.0105, 0.0115])
+    assert cc.critical_batch(cc.StepTime("y", slow(256), "measured: t", 1.0, 256, slow),
+                             4.47e7, 8, nv) == 0.0
+    lin = cc.StepTime("z", 0.0256, "measured: t", 1.0, 256)     # linear: as per image
+    assert cc.critical_batch(lin, 4.47e7, 8, ib) == cc.critical_batch(1e-4, 4.47e7, 8, ib)
 
 
 def test_device_limit_bounds_k_by_the_batch_and_the_links_domain():
@@ -504,7 +579,7 @@ def test_speedup_rows_table_and_plot():
     rows = cc.speedup_rows(steps, 4e7, links, 8)
     assert len(rows) == len(steps) * len(links)
     for r in rows:
-        s = steps[r["step"]].seconds
+        s = steps[r["step"]]
         link = cc.LINKS[r["link"]]
         assert r["after"] == cc.predict_step(s, 4e7, 8, link, overlap=False)
         assert r["overlapped"]["speedup"] >= r["after"]["speedup"]
@@ -525,17 +600,24 @@ def test_roofline_and_fit_figures():
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    steps = dict(list(cc.resnet18_step_times(256).items())[:2])          # the measured two
+    steps = cc.resnet18_step_times(256)
     links = [cc.LINKS["NVLink 4 (H100 SXM)"], cc.LINKS["InfiniBand NDR"]]
-    fig = cc.plot_roofline(steps, 256, 4.47e7, links)
+    fig = cc.plot_roofline(steps, 4.47e7, links)
     left, right = fig.axes
     assert left.get_xscale() == "log" and right.get_xlabel() == "GPUs k"
-    # one dot per (step, link), where compute meets the all-reduce
+    # a dot where compute meets the all-reduce; none for a step whose T0 outlasts it
     dots = [l for l in left.get_lines() if l.get_marker() == "o"]
-    assert len(dots) == len(steps) * len(links)
-    t = next(iter(steps.values())).seconds / 256
+    crossing = [(s, l) for s in steps.values() for l in links
+                if 0 < cc.critical_batch(s, 4.47e7, 8, l) < float("inf")]
+    assert len(dots) == len(crossing) >= 2
     xs = sorted(float(d.get_xdata()[0]) for d in dots)
-    assert cc.critical_batch(t, 4.47e7, 8, links[0]) in xs
+    lin = steps[cc.LINEAR_LABEL]
+    assert cc.critical_batch(lin, 4.47e7, 8, links[0]) in xs
+    # the compute curves: each step's own shape, flat near T0 for small batches
+    curves = [l for l in left.get_lines() if l.get_label().startswith("compute")]
+    assert len(curves) == len(steps)
+    eager = curves[0].get_ydata()
+    assert min(eager) == pytest.approx(1e3 * steps["measured, H200, PyTorch eager"].at(1))
     plt.close(fig)
     rows = [{"k": k, "bytes": n, "median": float(cc.model_time("ring", n, k, 1e-4, 1e-9)),
              "p25": 0.0, "p75": 0.0} for k in (2, 4) for n in cc.message_sizes(8, 1 << 24)]
@@ -568,3 +650,15 @@ def test_plot_overlap_timeline_draws_one_lane_per_bucket_size():
                                   bucket_sizes_bytes=(1 << 20, 1 << 40))
     labels = [t.get_text() for t in ax.get_yticklabels()]
     assert labels[-1] == "compute" and "43 buckets" in labels[1] and "1 bucket of" in labels[0]
+
+
+def test_the_overviews_headline_is_the_models():
+    """comm/index.md: the linear H100 step predicted "about 7x" on 8 GPUs over NVLink; the
+    measured shapes give "little more than 1x" for 256 images."""
+    text = (Path(__file__).resolve().parents[1] / "chapters" / "comm" / "index.md").read_text()
+    assert "predicted about 7× on 8 GPUs over NVLink" in text and "little more than 1×" in text
+    steps = cc.resnet18_step_times(256)
+    nv = cc.LINKS["NVLink 4 (H100 SXM)"]
+    sp = {l: cc.predict_step(s, 4.47e7, 8, nv, overlap=False)["speedup"] for l, s in steps.items()}
+    assert round(sp.pop(cc.LINEAR_LABEL)) == 7
+    assert all(1 <= v < 2 for v in sp.values())
