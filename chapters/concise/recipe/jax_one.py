@@ -15,7 +15,7 @@ import numpy as np
 import optax
 
 
-@partial(jax.jit, static_argnums=(0, 1))
+@partial(jax.jit, static_argnums=(0, 1), donate_argnums=2)  # state donated: updated in place
 def train_step(net, tx, state, X, y):
     """One SGD step on the batch (X, y); returns the new state and the batch's mean loss."""
     def loss_fn(params):
@@ -29,14 +29,20 @@ def train_step(net, tx, state, X, y):
             'batch_stats': batch_stats, 'opt_state': opt_state}, loss
 
 
+@partial(jax.jit, static_argnums=0)
+def predict(net, variables, X):
+    """The classes predicted for the batch X, in inference mode (BatchNorm's running statistics)."""
+    return net.apply(variables, X, train=False).argmax(1)
+
+
 def evaluate(net, state, X, y, device, batch_size=256):
     """Accuracy on the whole test set (X, y), in inference mode, on `device` alone."""
     variables = jax.device_put({'params': state['params'],
                                 'batch_stats': state['batch_stats']}, device)
     correct = 0
-    for i in range(0, len(y), batch_size):     # train=False: BatchNorm's running statistics
-        y_hat = net.apply(variables, jax.device_put(X[i:i + batch_size], device), train=False)
-        correct += int((np.asarray(y_hat.argmax(1)) == y[i:i + batch_size]).sum())
+    for i in range(0, len(y), batch_size):
+        y_hat = predict(net, variables, jax.device_put(X[i:i + batch_size], device))
+        correct += int((np.asarray(y_hat) == y[i:i + batch_size]).sum())
     return correct / len(y)
 
 

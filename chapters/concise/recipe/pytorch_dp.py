@@ -28,13 +28,21 @@ def train_step(model, loss_fn, optimizer, X, y):
 
 @torch.no_grad()
 def evaluate(net, X, y, device, batch_size=256):
-    """Accuracy on the whole test set (X, y), in inference mode."""
-    net.eval()                            # BatchNorm: the running statistics
-    correct = 0
+    """Accuracy of rank 0's replica on the whole test set, in inference mode: every rank
+    evaluates a contiguous shard and one all-reduce sums the counts, so that no rank waits in
+    a collective while another evaluates alone (a wait longer than NCCL's timeout ends the job)."""
+    for b in net.buffers():               # BatchNorm's running statistics: rank 0's, on all
+        dist.broadcast(b, src=0)
+    net.eval()
+    shard = d2lmini.shard_slices(len(y), dist.get_world_size())[dist.get_rank()]
+    X, y = X[shard], y[shard]
+    counts = torch.zeros(2, dtype=torch.int64, device=device)      # correct, seen
     for i in range(0, len(y), batch_size):
         y_hat = net(torch.from_numpy(X[i:i + batch_size]).to(device))
-        correct += (y_hat.argmax(1).cpu() == torch.from_numpy(y[i:i + batch_size])).sum()
-    return correct.item() / len(y)
+        counts[0] += (y_hat.argmax(1) == torch.from_numpy(y[i:i + batch_size]).to(device)).sum()
+        counts[1] += len(y[i:i + batch_size])
+    dist.all_reduce(counts)
+    return counts[0].item() / counts[1].item()
 
 
 def main():
@@ -43,7 +51,10 @@ def main():
     rank, k = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])  # set by torchrun
     gpus = d2l.num_gpus()                 # fewer GPUs than ranks: they share them, with gloo
     device = torch.device("cuda", int(os.environ["LOCAL_RANK"]) % gpus) if gpus else "cpu"
-    dist.init_process_group("nccl" if gpus >= int(os.environ["LOCAL_WORLD_SIZE"]) else "gloo")
+    nccl = gpus >= int(os.environ["LOCAL_WORLD_SIZE"])             # a GPU for every rank
+    if gpus:
+        torch.accelerator.set_device_index(device.index)           # before NCCL touches a GPU
+    dist.init_process_group("nccl" if nccl else "gloo", device_id=device if nccl else None)
     if args.batch_size % k:
         raise ValueError(f"the global batch size {args.batch_size} is not divisible by k = {k}")
     batch_size = args.batch_size // k     # each of the k devices gets 1/k of the global batch
@@ -65,8 +76,8 @@ def main():
         dist.all_reduce(loss)             # the sum of the k ranks' mean losses
         loss = loss.item() / k            # one wait, for the last step
         seconds = time.perf_counter() - start
-        if rank == 0:                     # rank 0's replica, on the whole test set
-            test_acc = evaluate(net, data.X_test, data.y_test, device)
+        test_acc = evaluate(net, data.X_test, data.y_test, device)    # every rank, its shard
+        if rank == 0:
             recipe.report(args, epoch, loss, test_acc, devices=k,
                           framework=d2l.FRAMEWORK, seconds=seconds)
     dist.destroy_process_group()
