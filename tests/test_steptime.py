@@ -183,3 +183,26 @@ def test_the_h100_records_give_a_fixed_part_that_caps_the_speed_up():
     fit = steptime.fit_step_time([equivalent, 256], [recs[16][1], recs[64][1]])
     assert 0.012 < fit.t0 < 0.0145
     assert steptime.predicted_speedup(fit, 256, 8) == pytest.approx(2.4, abs=0.15)
+
+
+def test_the_sharded_overviews_peaks_are_the_h200_records():
+    """sharded/index.md quotes the bf16 and TF32 peaks the step benchmark measured on one H200."""
+    rec = json.loads((ROOT / "benchmarks" / "h200-2026-11-27" / "steps.json").read_text())
+    peak = next(p["peak_flops"] for p in rec["peaks"] if p["framework"] == "torch")
+    text = (ROOT / "chapters" / "sharded" / "index.md").read_text()
+    assert f"{peak['bf16'] / 1e12:.0f} against {peak['tf32'] / 1e12:.0f} TFLOP/s" in text
+    assert 1.7 < peak["bf16"] / peak["tf32"] < 2.1                       # "about twice"
+
+
+def test_the_gpu_ladders_are_the_stored_records():
+    rows = steptime.gpu_ladders(ROOT / "benchmarks" / "h200-2026-11-27")
+    rec = json.loads((ROOT / "benchmarks" / "h200-2026-11-27" / "steps.json").read_text())
+    bench = [r for r in rows if r["timed_by"] == "benchmark"]
+    probe = [r for r in rows if r["timed_by"] != "benchmark"]
+    assert {r["framework"] for r in rows} == {"torch", "jax"} and len(probe) == 2
+    for r in bench:                     # as recorded, at the ladder's batch
+        assert any(s["ms_median"] == r["ms_median"] and s["batch"] == 256 for s in rec["records"])
+    assert [r["rung"] for r in rows if r["framework"] == "torch"][-2:] == [
+        "+ torch.compile (CUDA graphs), fused SGD", "+ bf16 autocast"]
+    assert all(0 < r["mfu"] < 1 and r["ms_min"] <= r["ms_median"] <= r["ms_max"] for r in rows)
+    assert rows[0]["speedup"] == 1.0 and "| MFU |" in steptime.gpu_ladder_table(rows)

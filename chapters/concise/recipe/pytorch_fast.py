@@ -42,6 +42,7 @@ def prepare(net, device, knobs=()):
         net = net.to(memory_format=torch.channels_last)
     if "compile" not in knobs:
         return net
+    torch.compiler.reset()        # a fresh start: no earlier model's code counts to its limit
     # CUDA graphs exist on GPUs only; on the CPU the compiled model fuses, nothing more
     return torch.compile(net, mode="reduce-overhead" if device.type == "cuda" else None)
 
