@@ -49,9 +49,11 @@ __all__ = ["SCHEMES", "coefficients", "model_time", "Fit", "fit", "crossover",
            "fmt_seconds", "COLLECTIVES", "collective_coefficients", "collective_model_time",
            "PROTOCOLS", "NCCL_VERSION_READ", "NCCL_SOURCE", "NCCL_BASE_LATENCY_US",
            "NCCL_HW_LATENCY_US", "NCCL_RING_EFFICIENCY", "NCCL_LL_MAX_BW", "nccl_latency", "collective_time",
-           "nccl_protocol", "Link", "LINKS", "Gpu", "GPUS",
+           "nccl_protocol", "nccl_choice", "tree_bandwidth", "nodes_of", "ALGORITHMS",
+           "NCCL_TREE_CORRECTION", "NCCL_RING_PLATEAU", "Link", "LINKS", "Gpu", "GPUS",
            "LENET_SHAPES", "gradient_bytes", "lenet_flops", "resnet18_flops", "compute_time",
-           "DDP_BUCKET_BYTES", "bucket_sizes", "predict_step", "bucket_timeline", "plot_overlap_timeline", "best_speedup", "critical_batch",
+           "DDP_BUCKET_BYTES", "DDP_FIRST_BUCKET_BYTES", "layer_buckets", "resnet18_layer_costs",
+           "bucket_sizes", "predict_step", "bucket_timeline", "plot_overlap_timeline", "best_speedup", "critical_batch",
            "plot_roofline", "hidden_fraction", "clearly_greater", "overlap_verdict",
            "overlap_report", "record", "report", "plot_fits",
            "ASSUMED_UTILIZATION", "table", "NODE_GPUS", "MIN_PER_GPU_BATCH", "device_limit",
@@ -411,9 +413,12 @@ def collective_model_time(op: str, n_bytes, k: int, alpha: float, beta: float):
 # plus the network's own latency, which NCCL's InfiniBand transport reports as 0 ("Not set").
 # The protocol's bandwidth: LL moves 4 bytes of data per 8 (busBw * .5, and at most
 # .llMaxBws[row][N1 | N2 | N4], the row by GPU generation on one node, by CPU vendor across
-# nodes), LL128 120 of 128 (busBw * 0.92), Simple all of it.  Left out: LL128's per-channel cap
-# (perChMaxRingLL128Bws times the number of channels), the correction factors for trees, NVLS
-# and CollNet, and the measured bandwidth of each channel (we take the datasheet's link speed).
+# nodes), LL128 120 of 128 (busBw * 0.92), Simple all of it.  The tree (all-reduce only) is
+# priced too, with baseLatencies[Tree], a chain of hwLatencies[..][Tree] hops inside a node and
+# log2(nodes) levels across, half its bus bandwidth and treeCorrectionFactor; the faster of
+# ring and tree is kept, as NCCL picks.  Left out: the per-channel caps (perChMax*Bws times
+# the number of channels), NVLS and CollNet, and the measured bandwidth of each channel (we
+# take the datasheet's link speed).
 # ------------------------------------------------------------------------------------------
 PROTOCOLS = ("LL", "LL128", "Simple")
 NCCL_VERSION_READ = "2.28.9"
@@ -429,6 +434,25 @@ NCCL_HW_LATENCY_US = {                       # .hwLatencies, per protocol LL, LL
     "NET": {"tree": (5.0, 8.5, 14.0), "ring": (2.7, 4.0, 14.0)},
 }
 NCCL_RING_EFFICIENCY = {"LL": 0.5, "LL128": 0.92, "Simple": 1.0}   # tuning.cc, "model refinements"
+# The tree's refinements for all-reduce (tuning.cc): 0.92 of the bus bandwidth, LL a further
+# 1/3.8 (capped by llMaxBws), LL128 7/9 in one node and 120/128 across nodes; the algorithm
+# bandwidth is half the bus bandwidth (every byte goes up the tree and down again).
+NCCL_TREE_EFFICIENCY = 0.92
+NCCL_TREE_LL_FACTOR = 1 / 3.8
+NCCL_TREE_LL128_FACTOR = {"one node": 7 / 9, "nodes": 120 / 128}
+# ncclTopoGetAlgoTime: the tree's bandwidth corrected per message size, 64 B << i for
+# i = 0..22 (treeCorrectionFactor), and a multi-node Simple ring all-reduce's latency times 1.4
+# on sm80 and later GPUs ("plateau effect of ring") once a rank's share of a channel is 64 B.
+NCCL_TREE_CORRECTION = {
+    "LL": (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0,
+           1.0, 1.0, 1.0),
+    "LL128": (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9,
+              .9, .9, 1.0, 1.0),
+    "Simple": (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7,
+               .8, .9, .9),
+}
+NCCL_RING_PLATEAU = 1.4
+ALGORITHMS = ("ring", "tree")
 NCCL_LL_MAX_BW = {                           # .llMaxBws rows, GB/s, for N1, N2, N4 (nodes)
     "Ampere": (87.7, 22.5, 19.0), "Hopper": (141.0, 45.0, 35.0), "Intel CPU": (39.0, 39.0, 20.4),
 }
@@ -485,30 +509,85 @@ class Link:
         return bw
 
 
-def nccl_latency(op: str, k: int, link: Link, protocol: str) -> float:
-    """NCCL's latency term of the ring ``op`` on k GPUs over ``link`` with ``protocol``
-    (seconds): the base latency plus one hop latency per step; 0 for k = 1."""
+def nodes_of(k: int, link: Link) -> int:
+    """How many nodes k GPUs on ``link`` span: one GPU per node over the network (NET), one
+    node over NVLink or PCIe."""
+    return k if link.hw == "NET" else 1
+
+
+def _log2i(n: int) -> int:
+    return int(math.floor(math.log2(n))) if n >= 1 else -1
+
+
+def nccl_latency(op: str, k: int, link: Link, protocol: str, algorithm: str = "ring") -> float:
+    """NCCL's latency term of ``op`` on k GPUs over ``link`` with ``protocol`` (seconds); 0 for
+    k = 1.  The ring: the base latency plus one hop latency per step.  The tree (all-reduce
+    only): the base latency plus ``2 ((k/nodes - 1) intra + log2(nodes) inter)`` -- a chain
+    inside a node, a binary tree across nodes (tuning.cc)."""
     if k == 1:
         return 0.0
-    a, _ = collective_coefficients(op, k)
-    return NCCL_BASE_LATENCY_US["ring"][PROTOCOLS.index(protocol)] * 1e-6 + a * link.hop_latency(protocol)
+    i = PROTOCOLS.index(protocol)
+    if algorithm == "ring":
+        a, _ = collective_coefficients(op, k)
+        return NCCL_BASE_LATENCY_US["ring"][i] * 1e-6 + a * link.hop_latency(protocol)
+    if algorithm != "tree" or op != "all-reduce":
+        raise ValueError(f"NCCL's tree runs all-reduce only; got {algorithm!r} for {op!r}")
+    nodes = nodes_of(k, link)
+    intra = NCCL_HW_LATENCY_US["PCI" if link.hw == "PCI" else "NVLINK"]["tree"][i]
+    inter = NCCL_HW_LATENCY_US["NET"]["tree"][i]                 # one GPU per node: the tree's
+    return (NCCL_BASE_LATENCY_US["tree"][i]
+            + 2 * ((k // nodes - 1) * intra + _log2i(nodes) * inter)) * 1e-6
 
 
-def _ring_times(op: str, n_bytes, k: int, link: Link) -> np.ndarray:
-    """One row per protocol (:data:`PROTOCOLS`): NCCL's time for the ring ``op`` of
-    ``n_bytes`` (array); infinite for a protocol the link does not enable."""
+def tree_bandwidth(link: Link, protocol: str, k: int) -> float:
+    """Algorithm bytes/s of NCCL's tree all-reduce over ``link`` with ``protocol`` (before the
+    per-size correction): the refinements of :data:`NCCL_TREE_EFFICIENCY` and the factors
+    below it, halved (every byte goes up and down the tree)."""
+    bus = link.bandwidth * NCCL_TREE_EFFICIENCY
+    nodes = nodes_of(k, link)
+    if protocol == "LL":
+        bus *= NCCL_TREE_LL_FACTOR
+        if link.ll_max_bw is not None:
+            bus = min(bus, NCCL_LL_MAX_BW[link.ll_max_bw][min(nodes - 1, 2)] * 1e9)
+    elif protocol == "LL128":
+        bus *= NCCL_TREE_LL128_FACTOR["one node" if nodes == 1 else "nodes"]
+    return 0.5 * bus
+
+
+def _tree_correction(protocol: str, n: np.ndarray) -> np.ndarray:
+    out = np.ones(n.shape)
+    for j, size in np.ndenumerate(n):
+        log_size = _log2i(int(size) >> 6)
+        if 0 <= log_size < len(NCCL_TREE_CORRECTION[protocol]):
+            out[j] = NCCL_TREE_CORRECTION[protocol][log_size]
+    return out
+
+
+def _algo_times(op: str, n_bytes, k: int, link: Link) -> dict:
+    """``{(algorithm, protocol): seconds}`` of NCCL's model for every algorithm and protocol
+    the link enables (the tree for all-reduce only); ``n_bytes`` may be an array."""
     _, b = collective_coefficients(op, k)
     n = np.asarray(n_bytes, dtype=float)
-    return np.array([nccl_latency(op, k, link, p) + b * n / link.protocol_bandwidth(p, k)
-                     if p in link.protocols else np.full(n.shape, np.inf) for p in PROTOCOLS])
+    out = {}
+    for p in link.protocols:
+        lat = np.full(n.shape, nccl_latency(op, k, link, p))
+        if op == "all-reduce" and p == "Simple" and nodes_of(k, link) > 1:
+            lat = np.where(n / k >= 64, lat * NCCL_RING_PLATEAU, lat)      # one channel assumed
+        out["ring", p] = lat + b * n / link.protocol_bandwidth(p, k)
+        if op == "all-reduce":
+            out["tree", p] = (nccl_latency(op, k, link, p, "tree")
+                              + n / (tree_bandwidth(link, p, k) * _tree_correction(p, n)))
+    return out
 
 
-def collective_time(op: str, n_bytes, k: int, link: Link, protocol: str | None = None):
-    """Predicted seconds of NCCL's ring ``op`` ("all-reduce", "reduce-scatter", "all-gather")
-    of a buffer of ``n_bytes`` (the whole buffer) on k GPUs over ``link``: NCCL's latency
-    (:func:`nccl_latency`) plus ``b(k) * n`` over the protocol's bandwidth
-    (:meth:`Link.protocol_bandwidth`).  ``protocol`` None: the fastest protocol the link
-    enables (:attr:`Link.protocols`), as NCCL picks by its own predicted time.  0 on one GPU.
+def collective_time(op: str, n_bytes, k: int, link: Link, protocol: str | None = None,
+                    algorithm: str | None = None):
+    """Predicted seconds of NCCL's ``op`` ("all-reduce", "reduce-scatter", "all-gather") of a
+    buffer of ``n_bytes`` (the whole buffer) on k GPUs over ``link``, by NCCL's own model
+    (tuning.cc): the ring -- :func:`nccl_latency` plus ``b(k) * n`` over the protocol's
+    bandwidth (:meth:`Link.protocol_bandwidth`) -- and, for all-reduce, the tree
+    (:func:`tree_bandwidth`, corrected per size).  ``protocol``/``algorithm`` None: the
+    fastest the link enables, as NCCL picks by its predicted time.  0 on one GPU.
     ``n_bytes`` may be an array.  For this machine's fitted alpha and beta instead of NCCL's
     figures, see :func:`collective_model_time`."""
     if k == 1:
@@ -516,16 +595,26 @@ def collective_time(op: str, n_bytes, k: int, link: Link, protocol: str | None =
     if protocol is not None and protocol not in link.protocols:
         raise ValueError(f"NCCL does not enable {protocol} on {link.name} (it enables "
                          f"{', '.join(link.protocols)})")
-    t = _ring_times(op, n_bytes, k, link)
-    out = t[PROTOCOLS.index(protocol)] if protocol is not None else t.min(axis=0)
+    times = {key: t for key, t in _algo_times(op, n_bytes, k, link).items()
+             if (protocol is None or key[1] == protocol)
+             and (algorithm is None or key[0] == algorithm)}
+    if not times:
+        raise ValueError(f"NCCL's model has no {algorithm} {op}")
+    out = np.min(np.stack(list(times.values())), axis=0)
     return out if np.ndim(out) else float(out)
 
 
-def nccl_protocol(op: str, n_bytes: float, k: int, link: Link) -> str:
-    """The protocol NCCL's model finds fastest for this collective ("none" for k = 1)."""
+def nccl_choice(op: str, n_bytes: float, k: int, link: Link) -> tuple[str, str]:
+    """The (algorithm, protocol) NCCL's model finds fastest for this collective."""
     if k == 1:
-        return "none"
-    return PROTOCOLS[int(np.argmin(_ring_times(op, float(n_bytes), k, link)))]
+        return "none", "none"
+    times = _algo_times(op, float(n_bytes), k, link)
+    return min(times, key=lambda key: float(times[key]))
+
+
+def nccl_protocol(op: str, n_bytes: float, k: int, link: Link) -> str:
+    """The protocol of :func:`nccl_choice` ("none" for k = 1)."""
+    return nccl_choice(op, n_bytes, k, link)[1]
 
 
 def _pcie_x16(gigatransfers: float) -> float:
@@ -610,6 +699,36 @@ def resnet18_flops(width: int = 64, hw: int = 28, num_classes: int = 10) -> floa
     return total + 2.0 * 8 * w * num_classes
 
 
+
+def resnet18_layer_costs(width: int = 64, hw: int = 28, num_classes: int = 10,
+                         in_channels: int = 1) -> list[dict]:
+    """The book's ResNet-18 layer by layer, in forward order: ``{"name", "grad_bytes" (float32
+    gradients of its trainable tensors, a BatchNorm's with the convolution before it),
+    "flops" (forward, one image)}``, from ``d2lmini.models.resnet18_spec``.  The FLOPs add up
+    to :func:`resnet18_flops`; the last stage holds most of the bytes and little of the work."""
+    from .models import resnet18_spec
+    trainable: dict[str, int] = {}
+    for name, shape in resnet18_spec(num_classes, in_channels, width):
+        if name.endswith(("running_mean", "running_var")):
+            continue
+        layer = name.rsplit(".", 1)[0].replace(".bn", ".conv").replace("stem.conv", "stem.conv")
+        trainable[layer] = trainable.get(layer, 0) + 4 * math.prod(shape)
+    w, size, cin = width, hw, width
+    flops = {"stem.conv": _conv(in_channels, width, 3, hw)}
+    for s, c in enumerate((w, 2 * w, 4 * w, 8 * w), start=1):
+        for b in range(2):
+            p = f"stage{s}.{b}"
+            if b == 0 and s > 1:
+                size = (size - 1) // 2 + 1
+                flops[f"{p}.conv3"] = _conv(cin, c, 1, size)
+            flops[f"{p}.conv1"], flops[f"{p}.conv2"] = _conv(cin, c, 3, size), _conv(c, c, 3, size)
+            cin = c
+    flops["fc"] = 2.0 * 8 * w * num_classes
+    if set(flops) != set(trainable):
+        raise AssertionError(f"layers differ: {sorted(set(flops) ^ set(trainable))}")
+    return [{"name": n, "grad_bytes": trainable[n], "flops": flops[n]} for n in trainable]
+
+
 # Small convolutional models reach a fraction of a GPU's peak FP32 rate.  This fraction was the
 # chapter's assumption before a GPU measured the step (an assumption, not a datasheet figure);
 # the predictions now use the measured step (MeasuredStep) and show this one for comparison.
@@ -625,6 +744,26 @@ def compute_time(forward_flops: float, batch: int, gpu: Gpu, utilization: float)
 # PyTorch DDP's default bucket: bucket_cap_mb=25 (MiB).  Paddle's DataParallel also
 # defaults to comm_buffer_size=25 (MB).
 DDP_BUCKET_BYTES = 25 * 2**20
+# After its first iteration DDP rebuilds its buckets in the order backward produced the
+# gradients, the first of them capped at 1 MiB (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES).
+DDP_FIRST_BUCKET_BYTES = 2**20
+
+
+def layer_buckets(layers: list[dict], bucket_bytes: float = DDP_BUCKET_BYTES,
+                  first_bucket_bytes: float = DDP_FIRST_BUCKET_BYTES) -> list[list[int]]:
+    """DDP's buckets for ``layers`` (forward order, ``grad_bytes`` each): whole layers in
+    backward order, a bucket closed once it holds its cap (the first one's
+    ``first_bucket_bytes``); each bucket a list of layer indices."""
+    out, cur, held = [], [], 0.0
+    for i in reversed(range(len(layers))):
+        cur.append(i)
+        held += layers[i]["grad_bytes"]
+        if held >= (first_bucket_bytes if not out else bucket_bytes):
+            out.append(cur)
+            cur, held = [], 0.0
+    if cur:
+        out.append(cur)
+    return out
 
 
 def bucket_sizes(n_bytes: float, bucket_bytes: float) -> list[float]:
@@ -648,7 +787,8 @@ def _shares(compute, k: int) -> tuple[float, float]:
 
 def predict_step(compute_s, n_bytes: float, k: int, link: Link, *,
                  overlap: bool, bucket_bytes: float = DDP_BUCKET_BYTES,
-                 backward_share: float = 2 / 3, protocol: str | None = None) -> dict:
+                 backward_share: float = 2 / 3, protocol: str | None = None,
+                 layers: list[dict] | None = None) -> dict:
     """The model's prediction for one step of data-parallel training with a fixed global batch.
 
     One device computes the step in ``compute_s``; k devices compute their share of the batch
@@ -658,10 +798,10 @@ def predict_step(compute_s, n_bytes: float, k: int, link: Link, *,
     linearly, ``compute_s / k`` (the older assumption, optimistic for small shares).
 
     - ``overlap=False``: one all-reduce after backward, ``step = share + t(n)``.
-    - ``overlap=True``: buckets (:func:`bucket_sizes`) all-reduced one after another on one
-      communication stream, each as soon as backward has produced its gradients (assumed at an
-      even rate in bytes over the backward pass, ``backward_share`` of the compute) and the
-      previous bucket's all-reduce is done.  Nothing hides behind the forward pass, and the last
+    - ``overlap=True``: buckets all-reduced one after another on one communication stream,
+      each as soon as backward has produced its gradients and the previous bucket's
+      all-reduce is done (:func:`bucket_timeline`: at an even rate in bytes over the backward
+      pass, ``backward_share`` of the compute, or by ``layers``' FLOPs in DDP's buckets).  Nothing hides behind the forward pass, and the last
       bucket's all-reduce cannot start before backward ends: at least ``t(last bucket)`` stays
       exposed, and with one bucket (``bucket_bytes >= n_bytes``) nothing hides at all.
 
@@ -670,16 +810,17 @@ def predict_step(compute_s, n_bytes: float, k: int, link: Link, *,
     """
     whole, per_device = _shares(compute_s, k)
     comm = collective_time("all-reduce", n_bytes, k, link, protocol)
-    buckets = bucket_sizes(n_bytes, bucket_bytes) if overlap else [n_bytes]
+    buckets = [n_bytes]
     if k == 1:
         step = per_device
     elif not overlap:
         step = per_device + comm
     else:
-        step = max(per_device, bucket_timeline(compute_s, n_bytes, k, link,
-                                               bucket_bytes=bucket_bytes,
-                                               backward_share=backward_share,
-                                               protocol=protocol)[-1]["end"])
+        timeline = bucket_timeline(compute_s, n_bytes, k, link, bucket_bytes=bucket_bytes,
+                                   backward_share=backward_share, protocol=protocol,
+                                   layers=layers)
+        buckets = timeline
+        step = max(per_device, timeline[-1]["end"])
     return {"compute_s": per_device, "comm_s": comm, "exposed_s": step - per_device,
             "step_s": step, "speedup": whole / step,
             "protocol": nccl_protocol("all-reduce", n_bytes, k, link) if protocol is None else protocol,
@@ -688,19 +829,42 @@ def predict_step(compute_s, n_bytes: float, k: int, link: Link, *,
 
 def bucket_timeline(compute_s, n_bytes: float, k: int, link: Link, *,
                     bucket_bytes: float = DDP_BUCKET_BYTES, backward_share: float = 2 / 3,
-                    protocol: str | None = None) -> list[dict]:
+                    protocol: str | None = None, layers: list[dict] | None = None) -> list[dict]:
     """When each bucket's all-reduce runs in :func:`predict_step`'s overlapped step (seconds
     from the start of the step, one device's share of the compute, as there): one dict
     per bucket, in the order backward fills them, with ``bytes``, ``ready`` (backward has
-    produced its gradients: at an even rate in bytes over the backward pass), ``start`` (ready,
-    and the one communication stream free) and ``end``; plus ``forward_s`` and ``backward_s``
-    in every dict."""
+    produced its gradients), ``start`` (ready, and the one communication stream free) and
+    ``end``; plus ``forward_s`` and ``backward_s`` in every dict.
+
+    ``layers`` None: gradients appear at an even rate in bytes over the backward pass, in
+    buckets of ``bucket_bytes`` (:func:`bucket_sizes`).  ``layers`` (forward order, with
+    ``grad_bytes`` and ``flops``, e.g. :func:`resnet18_layer_costs`): DDP's buckets of whole
+    layers (:func:`layer_buckets`: the first one 1 MiB with DDP's default cap), each ready when
+    backward has passed its earliest layer, backward's time spent in proportion to each
+    layer's FLOPs."""
     per_device = _shares(compute_s, k)[1]
     forward, backward = per_device * (1 - backward_share), per_device * backward_share
-    out, free, filled = [], 0.0, 0.0          # when the stream is free; gradient bytes produced
-    for size in bucket_sizes(n_bytes, bucket_bytes):
-        filled += size
-        ready = forward + backward * filled / n_bytes
+    if layers is None:
+        sizes = bucket_sizes(n_bytes, bucket_bytes)
+        filled, readies = 0.0, []
+        for size in sizes:
+            filled += size
+            readies.append(forward + backward * filled / n_bytes)
+    else:
+        total = sum(l["grad_bytes"] for l in layers)
+        if not math.isclose(total, n_bytes, rel_tol=1e-9):
+            raise ValueError(f"the layers hold {total:.0f} gradient bytes, not {n_bytes:.0f}")
+        work = sum(l["flops"] for l in layers)
+        done_at, spent = {}, 0.0                     # backward visits the last layer first
+        for i in reversed(range(len(layers))):
+            spent += layers[i]["flops"]
+            done_at[i] = forward + backward * spent / work
+        first = DDP_FIRST_BUCKET_BYTES if bucket_bytes == DDP_BUCKET_BYTES else bucket_bytes
+        groups = layer_buckets(layers, bucket_bytes, first)
+        sizes = [float(sum(layers[i]["grad_bytes"] for i in g)) for g in groups]
+        readies = [max(done_at[i] for i in g) for g in groups]
+    out, free = [], 0.0                          # when the one communication stream is free
+    for size, ready in zip(sizes, readies):
         start = max(ready, free)
         free = start + collective_time("all-reduce", size, k, link, protocol)
         out.append({"bytes": size, "ready": ready, "start": start, "end": free,
@@ -709,7 +873,8 @@ def bucket_timeline(compute_s, n_bytes: float, k: int, link: Link, *,
 
 
 def plot_overlap_timeline(compute_s, n_bytes: float, k: int, link: Link, *,
-                          bucket_sizes_bytes=(DDP_BUCKET_BYTES,), title: str = "", ax=None):
+                          bucket_sizes_bytes=(DDP_BUCKET_BYTES,), title: str = "", ax=None,
+                          layers: list[dict] | None = None):
     """One step of :func:`predict_step` drawn as lanes: the compute (forward, backward) and,
     for each bucket size, the all-reduces of its buckets on one communication stream, with
     the time they add beyond the compute marked.  Predictions, labelled as such.  Returns
@@ -719,7 +884,7 @@ def plot_overlap_timeline(compute_s, n_bytes: float, k: int, link: Link, *,
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 0.6 + 0.55 * lanes))
     scale = 1e3                                     # milliseconds
-    timelines = [bucket_timeline(compute_s, n_bytes, k, link, bucket_bytes=bb)
+    timelines = [bucket_timeline(compute_s, n_bytes, k, link, bucket_bytes=bb, layers=layers)
                  for bb in bucket_sizes_bytes]
     fwd, bwd = timelines[0][0]["forward_s"], timelines[0][0]["backward_s"]
     y0 = lanes - 1
@@ -740,6 +905,7 @@ def plot_overlap_timeline(compute_s, n_bytes: float, k: int, link: Link, *,
             ax.annotate(f"+{fmt_seconds(exposed / scale)}", (tl[-1]["end"] * scale, y),
                         xytext=(4, 0), textcoords="offset points", va="center", fontsize=8)
         labels.append(f"all-reduce, {len(tl)} bucket{'s' if len(tl) > 1 else ''} of "
+                      f"{'up to ' if layers and len(tl) > 1 else ''}"
                       f"{min(bb, n_bytes) / 2**20:.3g} MiB")
     ax.axvline(end_compute, color="k", linestyle=":", linewidth=1)
     ax.set_yticks(range(lanes))
@@ -1074,12 +1240,12 @@ def step_table(steps: dict[str, StepTime], batch: int, k: int = NODE_GPUS) -> st
 
 
 def speedup_rows(steps: dict[str, StepTime], n_bytes: float, links: Iterable[Link],
-                 k: int) -> list[dict]:
+                 k: int, layers: list[dict] | None = None) -> list[dict]:
     """:func:`predict_step` on k GPUs for every step time and link, after backward and
-    overlapped: ``{"step", "link", "after", "overlapped"}`` (the predictions' dicts)."""
+    overlapped (by ``layers``, if given): ``{"step", "link", "after", "overlapped"}``."""
     return [{"step": s.label, "link": link.name,
              "after": predict_step(s, n_bytes, k, link, overlap=False),
-             "overlapped": predict_step(s, n_bytes, k, link, overlap=True)}
+             "overlapped": predict_step(s, n_bytes, k, link, overlap=True, layers=layers)}
             for s in steps.values() for link in links]
 
 
@@ -1097,7 +1263,7 @@ def speedup_table(rows: list[dict], k: int) -> str:
 
 
 def plot_speedups(steps: dict[str, StepTime], n_bytes: float, links: Iterable[Link],
-                  global_batch: int, title: str = ""):
+                  global_batch: int, title: str = "", layers: list[dict] | None = None):
     """Predicted speed-up against k, one panel per link, k up to :func:`device_limit`: one
     colour per step time, solid after backward, thin dotted overlapped, grey the ideal k.
     Returns the matplotlib figure (shown as a PNG)."""
@@ -1111,7 +1277,8 @@ def plot_speedups(steps: dict[str, StepTime], n_bytes: float, links: Iterable[Li
         ax.plot(ks, ks, "-", color="lightgray", lw=3)
         for j, s in enumerate(steps.values()):
             for overlap, style, lw in ((False, "-o", 1.2), (True, ":", 1.0)):
-                sp = [predict_step(s, n_bytes, int(i), link, overlap=overlap)["speedup"]
+                sp = [predict_step(s, n_bytes, int(i), link, overlap=overlap,
+                                   layers=layers)["speedup"]
                       for i in ks]
                 ax.plot(ks, sp, style, color=f"C{j}", lw=lw, ms=3)
         ax.set_xlabel("GPUs k")

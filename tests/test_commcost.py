@@ -662,3 +662,72 @@ def test_the_overviews_headline_is_the_models():
     sp = {l: cc.predict_step(s, 4.47e7, 8, nv, overlap=False)["speedup"] for l, s in steps.items()}
     assert round(sp.pop(cc.LINEAR_LABEL)) == 7
     assert all(1 <= v < 2 for v in sp.values())
+
+
+def test_the_tree_is_priced_as_nccls_model_and_wins_small_all_reduces_across_many_nodes():
+    us = lambda t: t * 1e6
+    nv, ib = cc.LINKS["NVLink 4 (H100 SXM)"], cc.LINKS["InfiniBand NDR"]
+    # one node: a chain of k - 1 hops up and down; across nodes (one GPU each): log2(nodes) levels
+    assert us(cc.nccl_latency("all-reduce", 8, nv, "LL", "tree")) == pytest.approx(6.8 + 2 * 7 * 0.6)
+    assert us(cc.nccl_latency("all-reduce", 64, ib, "Simple", "tree")) == pytest.approx(8.4 + 2 * 6 * 14.0)
+    assert us(cc.nccl_latency("all-reduce", 64, ib, "Simple")) == pytest.approx(8.4 + 126 * 14.0)
+    with pytest.raises(ValueError):
+        cc.nccl_latency("all-gather", 8, nv, "LL", "tree")
+    # the tree's algorithm bandwidth: half of 0.92 of the link's (Simple)
+    assert cc.tree_bandwidth(ib, "Simple", 64) == pytest.approx(0.5 * 0.92 * ib.bandwidth)
+    small = 2.5e5
+    assert cc.nccl_choice("all-reduce", small, 64, ib)[0] == "tree"
+    assert cc.collective_time("all-reduce", small, 64, ib) == pytest.approx(
+        cc.collective_time("all-reduce", small, 64, ib, algorithm="tree"))
+    assert cc.collective_time("all-reduce", small, 64, ib, algorithm="ring") > 3 * \
+        cc.collective_time("all-reduce", small, 64, ib)
+    # one node: the ring wins (as NCCL's model says for 8 GPUs on NVLink)
+    assert cc.nccl_choice("all-reduce", 4.47e7, 8, nv)[0] == "ring"
+    # the multi-node Simple ring's plateau: its latency times 1.4 there, not inside a node
+    n = 1 << 20
+    ring_simple = cc.collective_time("all-reduce", n, 8, ib, protocol="Simple", algorithm="ring")
+    bw_part = 2 * 7 / 8 * n / ib.protocol_bandwidth("Simple", 8)
+    assert ring_simple - bw_part == pytest.approx(1.4 * cc.nccl_latency("all-reduce", 8, ib, "Simple"))
+    nv_simple = cc.collective_time("all-reduce", n, 8, nv, protocol="Simple", algorithm="ring")
+    assert nv_simple - 2 * 7 / 8 * n / nv.protocol_bandwidth("Simple", 8) == pytest.approx(
+        cc.nccl_latency("all-reduce", 8, nv, "Simple"))
+    # reduce-scatter and all-gather: the ring only
+    assert cc.nccl_choice("all-gather", small, 64, ib)[0] == "ring"
+
+
+def test_resnet18_layers_hold_the_bytes_late_and_the_work_early():
+    layers = cc.resnet18_layer_costs()
+    assert sum(l["flops"] for l in layers) == pytest.approx(cc.resnet18_flops(64))
+    from d2lmini.models import resnet18_spec
+    trainable = sum(4 * math.prod(s) for n, s in resnet18_spec()
+                    if not n.endswith(("running_mean", "running_var")))
+    assert sum(l["grad_bytes"] for l in layers) == trainable
+    last = [l for l in layers if l["name"].startswith("stage4")]
+    share = lambda key, ls: sum(l[key] for l in ls) / sum(l[key] for l in layers)
+    assert share("grad_bytes", last) > 0.7 and share("flops", last) < 0.3     # the 75 % / 25 %
+    # DDP's buckets: whole layers in backward order, the first closed at 1 MiB, each once
+    groups = cc.layer_buckets(layers)
+    assert [i for g in groups for i in g] == list(reversed(range(len(layers))))
+    assert layers[groups[0][0]]["name"] == "fc" and len(groups) == 3
+    assert sum(layers[i]["grad_bytes"] for i in groups[0]) >= cc.DDP_FIRST_BUCKET_BYTES
+    assert sum(layers[i]["grad_bytes"] for i in groups[0][:-1]) < cc.DDP_FIRST_BUCKET_BYTES
+
+
+def test_bucket_timeline_by_layer_flops():
+    layers = cc.resnet18_layer_costs()
+    n = sum(l["grad_bytes"] for l in layers)
+    pcie = cc.LINKS["PCIe 4.0 x16"]
+    tl = cc.bucket_timeline(0.02, n, 8, pcie, layers=layers)
+    ends = tl[0]["forward_s"] + tl[0]["backward_s"]
+    assert [b["ready"] for b in tl] == sorted(b["ready"] for b in tl)
+    assert tl[-1]["ready"] == pytest.approx(ends)                # the stem is backward's last
+    assert tl[0]["ready"] < tl[0]["forward_s"] + 0.2 * tl[0]["backward_s"]   # most bytes early
+    assert sum(b["bytes"] for b in tl) == n
+    even = cc.predict_step(0.02, n, 8, pcie, overlap=True)
+    by_layer = cc.predict_step(0.02, n, 8, pcie, overlap=True, layers=layers)
+    assert 0 < by_layer["exposed_s"] < even["exposed_s"]         # early bytes hide more
+    with pytest.raises(ValueError, match="gradient bytes"):
+        cc.bucket_timeline(0.02, n + 4, 8, pcie, layers=layers)
+    # one bucket of everything: nothing hides, whatever the layers
+    one = cc.bucket_timeline(0.02, n, 8, pcie, bucket_bytes=n, layers=layers)
+    assert len(one) == 1 and one[0]["ready"] == pytest.approx(ends)
