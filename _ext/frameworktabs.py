@@ -28,7 +28,7 @@ from docutils import nodes
 from docutils.statemachine import StringList
 from sphinx.util.docutils import SphinxDirective
 
-FRAMEWORKS = [("mxnet", "MXNet"), ("pytorch", "PyTorch"), ("jax", "JAX"), ("paddle", "Paddle")]
+FRAMEWORKS = [("pytorch", "PyTorch"), ("jax", "JAX"), ("paddle", "Paddle"), ("mxnet", "MXNet")]
 TAG_PREFIX = "step:"
 
 

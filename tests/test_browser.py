@@ -200,6 +200,36 @@ def test_framework_tabs_switch_together(site, browser):
     assert not problems, problems
 
 
+
+VISIBLE_TABS = """sets => sets.map(s => {
+    const labels = [...s.querySelectorAll(':scope > label')];
+    return [...s.querySelectorAll(':scope > .sd-tab-content')]
+        .map((c, i) => [labels[i].textContent.trim(), c.offsetParent !== null])
+        .filter(x => x[1]).map(x => x[0]);
+})"""
+
+
+def test_framework_tabs_put_pytorch_first_and_remember_the_choice_across_pages(site, browser):
+    html, base = site
+    pages = [p for p in PAGES if "framework-tabs" in (html / p).read_text(errors="replace")]
+    assert len(pages) >= 2, pages
+    context = browser.new_context(viewport={"width": 1280, "height": 720})
+    try:
+        problems = []
+        first = context.new_page()
+        visit(first, base + pages[0], watch(first, problems))
+        labels = first.locator(".sd-tab-set").first.locator(":scope > label").all_text_contents()
+        assert [l.strip() for l in labels] == ["PyTorch", "JAX", "Paddle", "MXNet"], labels
+        assert all(v == ["PyTorch"] for v in first.eval_on_selector_all(".sd-tab-set", VISIBLE_TABS))
+        first.locator(".sd-tab-set").first.locator("label", has_text="JAX").first.click()
+        second = context.new_page()          # another page, the same reader's browser
+        visit(second, base + pages[1], watch(second, problems))
+        shown = second.eval_on_selector_all(".sd-tab-set", VISIBLE_TABS)
+        assert shown and all(v == ["JAX"] for v in shown), (pages[1], shown)
+        assert not problems, problems
+    finally:
+        context.close()
+
 def open_at(browser, url, width, height=900):
     page = browser.new_page(viewport={"width": width, "height": height})
     problems = []
