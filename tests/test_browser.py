@@ -211,8 +211,8 @@ VISIBLE_TABS = """sets => sets.map(s => {
 
 def test_framework_tabs_put_pytorch_first_and_remember_the_choice_across_pages(site, browser):
     html, base = site
-    pages = [p for p in PAGES if "framework-tabs" in (html / p).read_text(errors="replace")]
-    assert len(pages) >= 2, pages
+    pages = [p for p in PAGES if 'data-sync-group="framework"' in (html / p).read_text(errors="replace")]
+    assert len(pages) >= 2, pages               # the devices steps, the multi-node commands
     context = browser.new_context(viewport={"width": 1280, "height": 720})
     try:
         problems = []
