@@ -21,8 +21,10 @@ The notebooks measure the bytes each device holds and compare them with ``state_
 What a device holds *between* steps is not what decides whether a model fits: the peak *during*
 a step is.  ``peak_bytes`` accounts for it, moment by moment, for the step the notebooks write
 (section "Peak Memory: By Model and By Layer"): replicated, ZeRO-1/2/3 by whole model (the whole
-parameter vector and a whole gradient buffer exist during the step), and ZeRO-3 by layer (one
-layer gathered at a time, its gradient reduce-scattered as soon as it is computed).
+parameter vector and a whole gradient buffer exist during the step), ZeRO-2 by layer (bucketed,
+one bucket per layer: each layer's gradient reduce-scattered as soon as it is computed, as
+DeepSpeed's ZeRO-2 and FSDP's SHARD_GRAD_OP do during the backward pass) and ZeRO-3 by layer
+(one layer gathered at a time, its gradient reduce-scattered as soon as it is computed).
 """
 from __future__ import annotations
 
@@ -36,11 +38,11 @@ __all__ = ["STAGES", "STAGE_NAMES", "SHARDED_PARTS", "PARTS", "Precision", "FP32
            "MIXED_ADAM", "reduce_scatter_schedule", "all_gather_schedule", "shard_sizes",
            "state_bytes", "bytes_per_parameter", "step_traffic", "memory_rows", "memory_table",
            "memory_ok", "row_shard_elements", "peak_rss_bytes", "max_abs_diff", "ALLCLOSE_ATOL",
-           "SCHEMES", "MLP_WIDTHS", "mlp_init", "layer_sizes", "peak_timeline", "peak_bytes",
-           "peak_parts", "peak_rows", "peak_table", "peak_ok", "RECOMPUTE_SEGMENTS", "RECOMPUTE_ROWS",
+           "SCHEMES", "scheme_stage", "MLP_WIDTHS", "mlp_init", "layer_sizes", "peak_timeline",
+           "peak_bytes", "peak_parts", "peak_rows", "peak_table", "peak_ok", "RECOMPUTE_SEGMENTS", "RECOMPUTE_ROWS",
            "activation_timeline", "activation_peak", "recompute_flops", "activation_rows",
            "activation_table", "plot_activations", "step_collectives", "step_comm_time",
-           "stage_time_rows", "stage_time_table"]
+           "stage_time_rows", "stage_time_table", "gpt2_units"]
 
 STAGES = (0, 1, 2, 3)
 STAGE_NAMES = {0: "replicated", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}
@@ -212,8 +214,22 @@ def memory_table(rows: list[dict], unit: int = 1024) -> str:
 # --- the peak of a step -------------------------------------------------------------------------
 
 #: the schemes whose peak the notebooks measure: the four stages of ``train_step``, sharding one
-#: flat buffer of the whole model, and ZeRO-3 by layer (FSDP's default, one unit per layer)
-SCHEMES = ("replicated", "ZeRO-1", "ZeRO-2", "ZeRO-3", "ZeRO-3 by layer")
+#: flat buffer of the whole model (the first four), then the two that work layer by layer, each
+#: layer's buffer sharded on its own: ZeRO-2 by layer (bucketed ZeRO-2, one bucket per layer:
+#: DeepSpeed's ZeRO-2, FSDP's SHARD_GRAD_OP) and ZeRO-3 by layer (FSDP's full sharding with one
+#: unit per layer, as its documentation recommends: ``fully_shard`` makes a unit of each module
+#: it is applied to, no more)
+SCHEMES = ("replicated", "ZeRO-1", "ZeRO-2", "ZeRO-3", "ZeRO-2 by layer", "ZeRO-3 by layer")
+
+
+def scheme_stage(scheme: str) -> tuple[int, bool]:
+    """``(stage, by_layer)`` of a scheme of :data:`SCHEMES`: which parts it shards
+    (:data:`SHARDED_PARTS`), and whether it works on each layer's buffer (by layer) or on one
+    flat buffer of the whole model."""
+    if scheme not in SCHEMES:
+        raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
+    by_layer = scheme.endswith(" by layer")
+    return SCHEMES.index(scheme.removesuffix(" by layer")), by_layer
 
 #: the peak-memory section's model: an MLP on Fashion-MNIST's 784 pixels, seven hidden layers of
 #: 256 (598,282 parameters in eight layers, the largest 200,960): deep enough that one layer is a
@@ -271,27 +287,31 @@ def peak_timeline(k: int, scheme: str, rows: int, widths=MLP_WIDTHS, device: int
 
     The step (the notebooks' ``peak_step``), on top of the **state** kept between steps
     (``state_bytes``: parameters, gradients, Adam's m and v, whole or this device's chunk;
-    whole-model schemes cut one flat buffer of all n parameters, ZeRO-3 by layer cuts each
+    whole-model schemes cut one flat buffer of all n parameters, the schemes by layer cut each
     layer's buffer):
 
     - forward: the device's examples (rows x d_0), then each layer's output (rows x d_l), kept
       for the backward pass.  ZeRO-3 by whole model first gathers all n parameters (**params**)
-      and keeps them to the end of the backward pass; by layer, it gathers layer l (with
+      and keeps them to the end of the backward pass; ZeRO-3 by layer gathers layer l (with
       ``prefetch``, layer l+1 before computing l, as FSDP does) and frees it after computing l;
+      ZeRO-2 by layer gathers nothing (its state holds every layer whole);
     - the loss gradient dz (rows x d_L), which replaces the logits;
     - backward, last layer first: one operation makes the layer's weight and bias gradients
       (one flat array, **grads**) and the gradient of its input, which replaces dz; then the
       input is freed.  By whole model the layer's gradient is copied into a whole gradient
       (replicated, ZeRO-1: the state's; ZeRO-2, -3: a whole buffer allocated for the backward
-      pass, reduce-scattered after it, their chunk copied into the state) and dropped; by layer,
-      each layer is gathered again (prefetching l-1), and after its backward the layer is freed
-      and its gradient reduce-scattered, its chunk copied into the state, and freed;
-    - Adam updates the device's part in place.
+      pass, reduce-scattered after it, their chunk copied into the state) and dropped.  By
+      layer, the layer's gradient is its own buffer -- ZeRO-2's bucket -- reduce-scattered as
+      soon as the layer is done, its chunk copied into the state, and freed; ZeRO-3 by layer
+      also gathers each layer again (prefetching l-1) and frees it after its backward;
+    - Adam updates the device's part in place (ZeRO-1 and -2 then all-gather the parameters
+      into the buffers they were updated in).
 
-    Collectives run in place; their messages in flight, the temporaries inside one operation
-    (x @ W before + b, Adam's) and the labels are not counted."""
-    if scheme not in SCHEMES:
-        raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
+    So ZeRO-2 by layer peaks at about b_p n + (b_g + b_o) n / k + b_g max_l n_l + activations:
+    the whole parameters, its shards, and one bucket; by whole model the bucket is the whole
+    gradient, b_g n.  Collectives run in place; their messages in flight, the temporaries
+    inside one operation (x @ W before + b, Adam's) and the labels are not counted."""
+    stage, by_layer = scheme_stage(scheme)
     sizes, L = layer_sizes(widths), len(widths) - 1
     n = sum(sizes)
     if k < 1 or n < k:
@@ -299,38 +319,38 @@ def peak_timeline(k: int, scheme: str, rows: int, widths=MLP_WIDTHS, device: int
     if not 0 <= device < k:
         raise ValueError(f"device {device} of {k}")
     bp, bg, ba = precision.params, precision.grads, act_itemsize
-    per_param = precision.params + precision.grads + precision.optimizer
     t = _Timeline()
     act = lambda d: rows * d * ba
-    by_layer = scheme == "ZeRO-3 by layer"
-    stage = 3 if by_layer else SCHEMES.index(scheme)
-    if by_layer:
-        t.alloc("state", "state", sum(shard_sizes(s, k)[device] for s in sizes) * per_param, "start")
+    gathers = by_layer and stage == 3                # layer by layer, when it is needed
+    if by_layer:                                     # each layer's buffer cut on its own
+        t.alloc("state", "state", sum(
+            (shard_sizes(s, k)[device] if part in SHARDED_PARTS[stage] else s) * precision.of(part)
+            for s in sizes for part in PARTS), "start")
     else:
         t.alloc("state", "state", state_bytes(n, k, stage, precision)[device]["total"], "start")
         if stage == 3:
             t.alloc("params", "params", n * bp, "gather all parameters")
     gather = lambda l: t.alloc(f"layer{l}", "params", sizes[l] * bp, f"gather layer {l + 1}")
     t.alloc("x0", "activations", act(widths[0]), "forward: the examples")
-    if by_layer and prefetch:
+    if gathers and prefetch:
         gather(0)
     for l in range(L):
-        if by_layer:
+        if gathers:
             if not prefetch:
                 gather(l)
             elif l + 1 < L:
                 gather(l + 1)
         t.alloc(f"x{l + 1}", "activations", act(widths[l + 1]), f"forward: layer {l + 1}")
-        if by_layer:
+        if gathers:
             t.free(f"layer{l}")
     t.free(f"x{L}")                                  # the logits, replaced by dz
     t.alloc("dz", "activations", act(widths[L]), "loss gradient")
     if stage >= 2 and not by_layer:
         t.alloc("grads", "grads", n * bg, "backward: a whole gradient buffer")
-    if by_layer and prefetch:
+    if gathers and prefetch:
         gather(L - 1)
     for l in reversed(range(L)):
-        if by_layer:
+        if gathers:
             if not prefetch:
                 gather(l)
             elif l > 0:
@@ -341,8 +361,10 @@ def peak_timeline(k: int, scheme: str, rows: int, widths=MLP_WIDTHS, device: int
         if l > 0:
             t.alloc("dz", "activations", act(widths[l]), f"backward: layer {l + 1} input gradient")
         t.free(f"x{l}")
+        if gathers:
+            t.free(f"layer{l}")
         if by_layer:
-            t.free(f"layer{l}", f"g{l}")
+            t.free(f"g{l}")
     return t.moments
 
 
@@ -560,8 +582,10 @@ def step_collectives(sizes, stage_or_scheme, itemsize: int = 4) -> list[tuple[st
     for a model whose sharding units (layers) have ``sizes`` parameters: replicated, one
     all-reduce of the gradient; ZeRO-1 and -2, a reduce-scatter of the gradient and an
     all-gather of the updated parameters; ZeRO-3 by whole model (gathered once per step), an
-    all-gather and a reduce-scatter; ZeRO-3 by layer, per layer two all-gathers (forward and
-    backward) and one reduce-scatter.  Unbucketed: one collective per buffer."""
+    all-gather and a reduce-scatter; ZeRO-2 by layer, a reduce-scatter per layer (its bucket,
+    during the backward pass) and an all-gather per layer after the update; ZeRO-3 by layer,
+    per layer two all-gathers (forward and backward) and one reduce-scatter.  By whole model,
+    one collective per buffer."""
     scheme = STAGE_NAMES.get(stage_or_scheme, stage_or_scheme)
     if scheme not in SCHEMES:
         raise ValueError(f"scheme must be one of {SCHEMES}, got {stage_or_scheme!r}")
@@ -572,6 +596,9 @@ def step_collectives(sizes, stage_or_scheme, itemsize: int = 4) -> list[tuple[st
         return [("reduce-scatter", n), ("all-gather", n)]
     if scheme == "ZeRO-3":
         return [("all-gather", n), ("reduce-scatter", n)]
+    if scheme == "ZeRO-2 by layer":
+        return ([("reduce-scatter", s * itemsize) for s in reversed(sizes)]
+                + [("all-gather", s * itemsize) for s in sizes])
     return [(op, s * itemsize) for s in sizes
             for op in ("all-gather", "all-gather", "reduce-scatter")]
 
@@ -588,16 +615,19 @@ def step_comm_time(sizes, k: int, scheme, link, itemsize: int = 4) -> float:
 def stage_time_rows(models: dict, k: int, links, itemsize: int = 4) -> list[dict]:
     """One row per (model, link, scheme): the bytes each device sends in a step (ring) and
     the predicted collective time, and both relative to replicated.  ``models``:
-    ``{name: layer sizes}``; ``links``: :class:`d2lmini.commcost.Link` objects."""
+    ``{name: layer sizes}`` (each of ``itemsize`` bytes) or ``{name: (layer sizes, itemsize)}``;
+    ``links``: :class:`d2lmini.commcost.Link` objects."""
     from .commcost import collective_coefficients
     out = []
-    for name, sizes in models.items():
+    for name, model in models.items():
+        sizes, size = (model if isinstance(model, tuple) and len(model) == 2
+                       and isinstance(model[0], (list, tuple)) else (model, itemsize))
         for link in links:
-            base = step_comm_time(sizes, k, "replicated", link, itemsize)
+            base = step_comm_time(sizes, k, "replicated", link, size)
             for scheme in SCHEMES:
-                t = step_comm_time(sizes, k, scheme, link, itemsize)
+                t = step_comm_time(sizes, k, scheme, link, size)
                 sent = sum(collective_coefficients(op, k)[1] * b     # bytes per device, ring
-                           for op, b in step_collectives(sizes, scheme, itemsize))
+                           for op, b in step_collectives(sizes, scheme, size))
                 out.append({"model": name, "parameters": sum(sizes), "layers": len(sizes),
                             "link": link.name, "scheme": scheme, "sent": sent, "seconds": t,
                             "vs_replicated": t / base if base else float("nan")})
@@ -616,3 +646,14 @@ def stage_time_table(rows: list[dict]) -> str:
         lines.append(f"| {key[0]} | {key[1]} | " + " | ".join(
             f"{fmt_seconds(cells[s]['seconds'])} ({cells[s]['vs_replicated']:.2f}x)" for s in schemes) + " |")
     return "\n".join(lines)
+
+
+def gpt2_units(layers: int = 48, width: int = 1600, vocab: int = 50257,
+               context: int = 1024) -> list[int]:
+    """Parameters of GPT-2's FSDP units, one per transformer block plus the root (Radford et al.
+    2019; defaults: GPT-2 XL, 1,557,611,200 parameters): the root holds the token and position
+    embeddings (the output layer shares the token embedding) and the final LayerNorm; a block
+    holds 12 width^2 weights (attention's qkv and output, the MLP's two matrices), their biases
+    (9 width) and two LayerNorms (4 width)."""
+    root = (vocab + context) * width + 2 * width
+    return [root] + [12 * width * width + 13 * width] * layers

@@ -159,6 +159,58 @@ def test_peak_without_activations_is_the_closed_form(k):
         assert peak("ZeRO-3 by layer") == state + worst
         no_prefetch = sh.peak_bytes(k, "ZeRO-3 by layer", 0, prefetch=False)[i]
         assert no_prefetch == state + 8 * max(SIZES)
+        # bucketed ZeRO-2, a bucket per layer: whole parameters, its shards of each layer's
+        # gradient and optimizer state, and one bucket (the largest layer's gradient)
+        shards = 12 * sum(sh.shard_sizes(s, k)[i] for s in SIZES)
+        assert peak("ZeRO-2 by layer") == 4 * N_MLP + shards + 4 * max(SIZES)
+
+
+def test_bucketed_zero2_peak_is_the_closed_form_with_one_bucket():
+    """b_p n + (b_g + b_o) n/k + b_g max_l n_l (+ activations): the bucket term is there, and
+    it is one layer's gradient, not the whole gradient of ZeRO-2 by whole model."""
+    widths = (6, 5, 4, 3)                          # layers of 35, 24 and 15 parameters
+    sizes = sh.layer_sizes(widths)
+    assert sizes == [35, 24, 15]
+    n = sum(sizes)
+    for k in (1, 2, 3, 5):
+        for i in range(k):
+            shards = sum(sh.shard_sizes(s, k)[i] for s in sizes)
+            closed = 4 * n + 12 * shards + 4 * max(sizes)
+            assert sh.peak_bytes(k, "ZeRO-2 by layer", 0, widths)[i] == closed
+            assert sh.peak_bytes(k, "ZeRO-2 by layer", 0, widths)[i] != closed - 4 * max(sizes)
+    for prec in (sh.FP32_ADAM, sh.MIXED_ADAM):      # b_p n + (b_g + b_o) n/k + b_g max_l n_l
+        got = sh.peak_bytes(1, "ZeRO-2 by layer", 0, widths, precision=prec)[0]
+        assert got == (prec.params + prec.grads + prec.optimizer) * n + prec.grads * max(sizes)
+    # with activations: the peak is the first layer's backward, its gradient and input alive
+    moment, parts = sh.peak_parts(8, "ZeRO-2 by layer", 32)
+    assert moment == "backward: layer 1"
+    assert parts == {"state": 4 * N_MLP + 12 * sum(sh.shard_sizes(s, 8)[0] for s in SIZES),
+                     "grads": 4 * SIZES[0], "activations": 32 * sh.MLP_WIDTHS[0] * 4}
+    # nothing is gathered: the parameters are whole in the state
+    assert not any("gather" in m or p.get("params") for m, p in sh.peak_timeline(4, "ZeRO-2 by layer", 8))
+
+
+def test_bucketed_zero2_against_the_other_schemes():
+    for k in range(1, 9):
+        peak = {s: max(sh.peak_bytes(k, s, 32)) for s in sh.SCHEMES}
+        # by whole model the bucket is the whole gradient: 4 n instead of 4 max_l n_l
+        assert peak["ZeRO-2 by layer"] < peak["ZeRO-2"]
+        if k > 1:
+            assert peak["ZeRO-2 by layer"] < min(peak["replicated"], peak["ZeRO-1"])
+    # below a replica's parameters and gradients once 12 n/k and one bucket are under 4 n
+    assert max(sh.peak_bytes(8, "ZeRO-2 by layer", 32)) < 8 * N_MLP
+    assert max(sh.peak_bytes(4, "ZeRO-2 by layer", 32)) > 8 * N_MLP
+    # without activations, the difference from ZeRO-2 by whole model is the buckets' (k = 1)
+    assert sh.peak_bytes(1, "ZeRO-2", 0)[0] - sh.peak_bytes(1, "ZeRO-2 by layer", 0)[0] \
+        == 4 * N_MLP - 4 * max(SIZES)
+
+
+def test_scheme_stage():
+    assert [sh.scheme_stage(s) for s in sh.SCHEMES] == [
+        (0, False), (1, False), (2, False), (3, False), (2, True), (3, True)]
+    assert sh.SCHEMES[:4] == tuple(sh.STAGE_NAMES.values())   # the whole-model schemes first
+    with pytest.raises(ValueError):
+        sh.scheme_stage("ZeRO-1 by layer")
 
 
 def test_peak_adds_the_activations_of_the_worst_moment():
@@ -276,6 +328,10 @@ def test_step_collectives_and_their_bytes():
     assert [op for op, _ in sh.step_collectives(sizes, "ZeRO-2")] == ["reduce-scatter", "all-gather"]
     by_layer = sh.step_collectives(sizes, "ZeRO-3 by layer")
     assert len(by_layer) == 3 * len(sizes) and sum(b for _, b in by_layer) == 3 * 4 * sum(sizes)
+    bucketed = sh.step_collectives(sizes, "ZeRO-2 by layer", itemsize=2)
+    assert [op for op, _ in bucketed] == ["reduce-scatter"] * len(sizes) + ["all-gather"] * len(sizes)
+    assert [b for _, b in bucketed[:len(sizes)]] == [2 * s for s in reversed(sizes)]
+    assert sum(b for _, b in bucketed) == 2 * 2 * sum(sizes)
     with pytest.raises(ValueError):
         sh.step_collectives(sizes, "ZeRO-4")
 
@@ -292,5 +348,26 @@ def test_stage_times_by_layer_cost_more_than_one_and_a_half_all_reduces():
         # 3 collectives per layer, each paying NCCL's latency: above the bytes' 1.5x
         assert by[m, "ZeRO-3 by layer"]["vs_replicated"] > 1.5
     assert by["mlp", "ZeRO-3 by layer"]["vs_replicated"] > by["big", "ZeRO-3 by layer"]["vs_replicated"]
+    # bucketed ZeRO-2 sends the all-reduce's bytes, in two collectives per layer
+    for m in ("mlp", "big"):
+        assert by[m, "ZeRO-2 by layer"]["sent"] == pytest.approx(by[m, "replicated"]["sent"])
+        assert 1 < by[m, "ZeRO-2 by layer"]["vs_replicated"] < by[m, "ZeRO-3 by layer"]["vs_replicated"]
     table = sh.stage_time_table(rows)
     assert "| big |" in table and table.count("\n") == 2 + 1 and "ZeRO-3 by layer |" in table
+    assert "ZeRO-2 by layer |" in table
+
+
+def test_gpt2_units_and_models_with_their_own_itemsize():
+    from d2lmini import commcost as cc
+    units = sh.gpt2_units()
+    assert sum(units) == 1_557_611_200 and len(units) == 49     # GPT-2 XL: 1.56 B parameters
+    assert units[0] == (50257 + 1024) * 1600 + 2 * 1600         # embeddings, final LayerNorm
+    assert sum(sh.gpt2_units(12, 768)) == 124_439_808           # GPT-2 small
+    link = cc.LINKS["NVLink 4 (H100 SXM)"]
+    half = sh.stage_time_rows({"gpt": (units, 2)}, 8, [link])
+    full = sh.stage_time_rows({"gpt": units}, 8, [link], itemsize=4)
+    for h, f in zip(half, full):
+        assert h["sent"] == pytest.approx(f["sent"] / 2) and h["seconds"] < f["seconds"]
+    # the notebooks' row: by layer in bfloat16, below twice the all-reduce on both links
+    rows = sh.stage_time_rows({"gpt": (units, 2)}, 8, [link, cc.LINKS["InfiniBand NDR"]])
+    assert all(1.5 < r["vs_replicated"] < 2 for r in rows if r["scheme"] == "ZeRO-3 by layer")
