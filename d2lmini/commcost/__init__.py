@@ -1,0 +1,70 @@
+"""What communication costs: all-reduce timed, and the alpha-beta model fitted to the times.
+
+Framework-neutral half of the communication chapter (the frameworks only supply the
+collective to time), one module per job; every name is also here, ``commcost.<name>``:
+
+- ``alphabeta``: the model ``t(n, k) = a(k) alpha + b(k) n beta`` of each all-reduce scheme
+  (and of the ring's reduce-scatter and all-gather), its least-squares ``fit``, crossovers,
+  nccl-tests' bandwidths, the regime size n_1/2;
+- ``timing``: timing a call (repeated, interleaved, with page faults) and the ``sweep`` over
+  message sizes and device counts;
+- ``nccl``: NCCL's own cost model (src/graph/tuning.cc) over published ``LINKS``:
+  ``collective_time`` and the algorithm and protocol NCCL picks;
+- ``workload``: the book's models' FLOPs and gradient bytes, GPUs' peak rates;
+- ``measured``: one GPU's step read from the benchmark records (``load_step``,
+  ``load_step_shape``: ``T(B) = T0 + B t``; ``StepTime``, ``resnet18_step_times``);
+- ``predict``: ``predict_step`` on k GPUs, after backward or overlapped in DDP's buckets
+  (``bucket_timeline``), ``critical_batch``, ``device_limit``, the speed-up tables;
+- ``overlap``: whether measured step times show hidden communication (``overlap_verdict``);
+- ``records``: the results file and the printed fits and tables;
+- ``plots``: every figure (``plot_*``);
+- ``worker``: what a launched rank of the chapter's worker scripts does;
+- ``formatting``: significant figures, bytes and seconds as the book prints them.
+"""
+from __future__ import annotations
+
+from .formatting import sig, fmt_bytes, fmt_seconds
+from .alphabeta import (SCHEMES, coefficients, model_time, Fit, fit, crossover,
+                        algorithm_bandwidth, bus_bandwidth, BANDWIDTH_OPTIMAL, bandwidths,
+                        moved_bytes, per_byte_moved, fit_rows, fit_per_k, regime_size,
+                        COLLECTIVES, collective_coefficients, collective_model_time)
+from .timing import (message_sizes, summarize, time_call, time_interleaved, page_faults,
+                     time_and_faults, device_counts, sweep)
+from .nccl import (PROTOCOLS, NCCL_VERSION_READ, NCCL_SOURCE, NCCL_BASE_LATENCY_US,
+                   NCCL_HW_LATENCY_US, NCCL_RING_EFFICIENCY, NCCL_TREE_EFFICIENCY,
+                   NCCL_TREE_LL_FACTOR, NCCL_TREE_LL128_FACTOR, NCCL_TREE_CORRECTION,
+                   NCCL_RING_PLATEAU, ALGORITHMS, NCCL_LL_MAX_BW, Link, nodes_of, nccl_latency,
+                   tree_bandwidth, collective_time, nccl_choice, nccl_protocol, NODE_GPUS,
+                   LINKS)
+from .workload import (LENET_SHAPES, Gpu, GPUS, gradient_bytes, lenet_flops, resnet18_flops,
+                       resnet18_layer_costs, ASSUMED_UTILIZATION, compute_time)
+from .measured import (BENCHMARKS, H100_RUN, H100_RESNET18, H100_MODEL, BenchmarkRecordError,
+                       MeasuredStep, load_step, H200_RUN, H200_SHAPES, LINEAR_LABEL, StepTime,
+                       load_step_shape, resnet18_step_times, step_table)
+from .predict import (DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES, layer_buckets, bucket_sizes,
+                      predict_step, bucket_timeline, MIN_PER_GPU_BATCH, device_limit,
+                      best_speedup, critical_batch, speedup_rows, speedup_table)
+from .overlap import hidden_fraction, clearly_greater, overlap_verdict, overlap_report
+from .records import record, report, table
+from .plots import plot_overlap_timeline, plot_roofline, plot_speedups, plot_fits
+from .worker import add_worker_arguments, rank_sweep
+
+__all__ = ["SCHEMES", "coefficients", "model_time", "Fit", "fit", "crossover",
+           "algorithm_bandwidth", "bus_bandwidth", "bandwidths", "summarize", "time_call",
+           "time_interleaved", "page_faults", "time_and_faults", "message_sizes", "device_counts", "sweep", "fit_rows",
+           "fit_per_k", "regime_size", "moved_bytes", "per_byte_moved", "sig", "fmt_bytes",
+           "fmt_seconds", "COLLECTIVES", "collective_coefficients", "collective_model_time",
+           "PROTOCOLS", "NCCL_VERSION_READ", "NCCL_SOURCE", "NCCL_BASE_LATENCY_US",
+           "NCCL_HW_LATENCY_US", "NCCL_RING_EFFICIENCY", "NCCL_LL_MAX_BW", "nccl_latency", "collective_time",
+           "nccl_protocol", "nccl_choice", "tree_bandwidth", "nodes_of", "ALGORITHMS",
+           "NCCL_TREE_CORRECTION", "NCCL_RING_PLATEAU", "Link", "LINKS", "Gpu", "GPUS",
+           "LENET_SHAPES", "gradient_bytes", "lenet_flops", "resnet18_flops", "compute_time",
+           "DDP_BUCKET_BYTES", "DDP_FIRST_BUCKET_BYTES", "layer_buckets", "resnet18_layer_costs",
+           "bucket_sizes", "predict_step", "bucket_timeline", "plot_overlap_timeline", "best_speedup", "critical_batch",
+           "plot_roofline", "hidden_fraction", "clearly_greater", "overlap_verdict",
+           "overlap_report", "record", "report", "plot_fits",
+           "ASSUMED_UTILIZATION", "table", "NODE_GPUS", "MIN_PER_GPU_BATCH", "device_limit",
+           "BENCHMARKS", "H100_RUN", "H100_RESNET18", "H100_MODEL", "BenchmarkRecordError",
+           "MeasuredStep", "load_step", "StepTime", "resnet18_step_times", "step_table",
+           "H200_RUN", "H200_SHAPES", "LINEAR_LABEL", "load_step_shape",
+           "speedup_rows", "speedup_table", "plot_speedups"]

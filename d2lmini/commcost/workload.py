@@ -1,0 +1,95 @@
+"""What one training step computes and sends: the book's models' FLOPs and gradient bytes
+(whole, and ResNet-18's layer by layer), GPUs' peak FP32 rates, and the compute time they
+imply at an assumed utilization."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable
+
+# The from-scratch chapter's LeNet: W1, b1, W2, b2, W3, b3, W4, b4 (its init_params shapes).
+from ..models import LENET_SHAPES  # noqa: F401  (re-exported: the chapter's notebooks use cc.LENET_SHAPES)
+
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str
+    fp32_flops: float          # peak dense FP32, FLOP/s
+    source: str
+
+
+GPUS: dict[str, Gpu] = {
+    "H100 SXM": Gpu("H100 SXM", 67e12, "NVIDIA H100 Tensor Core GPU datasheet: FP32 67 TFLOPS"),
+    "A100 SXM": Gpu("A100 SXM", 19.5e12, "NVIDIA A100 Tensor Core GPU datasheet: FP32 19.5 TFLOPS"),
+}
+
+
+def gradient_bytes(shapes: Iterable[tuple[int, ...]], itemsize: int = 4) -> int:
+    """Bytes of one gradient per parameter array of these shapes (float32: 4 bytes)."""
+    return int(sum(math.prod(s) for s in shapes)) * itemsize
+
+
+def _conv(cin: int, cout: int, ksize: int, out_hw: int) -> float:
+    return 2.0 * cin * cout * ksize * ksize * out_hw * out_hw    # multiply + add
+
+
+def lenet_flops() -> float:
+    """Forward FLOPs of the scratch chapter's LeNet for one 28x28 image (convolutions and
+    dense layers; pooling and activations are negligible)."""
+    return (_conv(1, 20, 3, 26) + _conv(20, 50, 5, 9) + 2.0 * 800 * 128 + 2.0 * 128 * 10)
+
+
+def resnet18_flops(width: int = 64, hw: int = 28, num_classes: int = 10) -> float:
+    """Forward FLOPs of the book's ResNet-18 variant (3x3 stem, no max-pooling) for one
+    ``hw`` x ``hw`` image: the convolutions and the dense layer."""
+    w, total, cin, size = width, _conv(1, width, 3, hw), width, hw
+    for s, c in enumerate((w, 2 * w, 4 * w, 8 * w), start=1):
+        for b in range(2):
+            if b == 0 and s > 1:
+                size = (size - 1) // 2 + 1                      # stride 2, padding 1
+                total += _conv(cin, c, 1, size)                 # the 1x1 shortcut
+            total += _conv(cin, c, 3, size) + _conv(c, c, 3, size)
+            cin = c
+    return total + 2.0 * 8 * w * num_classes
+
+
+
+def resnet18_layer_costs(width: int = 64, hw: int = 28, num_classes: int = 10,
+                         in_channels: int = 1) -> list[dict]:
+    """The book's ResNet-18 layer by layer, in forward order: ``{"name", "grad_bytes" (float32
+    gradients of its trainable tensors, a BatchNorm's with the convolution before it),
+    "flops" (forward, one image)}``, from ``d2lmini.models.resnet18_spec``.  The FLOPs add up
+    to :func:`resnet18_flops`; the last stage holds most of the bytes and little of the work."""
+    from ..models import resnet18_spec
+    trainable: dict[str, int] = {}
+    for name, shape in resnet18_spec(num_classes, in_channels, width):
+        if name.endswith(("running_mean", "running_var")):
+            continue
+        layer = name.rsplit(".", 1)[0].replace(".bn", ".conv").replace("stem.conv", "stem.conv")
+        trainable[layer] = trainable.get(layer, 0) + 4 * math.prod(shape)
+    w, size, cin = width, hw, width
+    flops = {"stem.conv": _conv(in_channels, width, 3, hw)}
+    for s, c in enumerate((w, 2 * w, 4 * w, 8 * w), start=1):
+        for b in range(2):
+            p = f"stage{s}.{b}"
+            if b == 0 and s > 1:
+                size = (size - 1) // 2 + 1
+                flops[f"{p}.conv3"] = _conv(cin, c, 1, size)
+            flops[f"{p}.conv1"], flops[f"{p}.conv2"] = _conv(cin, c, 3, size), _conv(c, c, 3, size)
+            cin = c
+    flops["fc"] = 2.0 * 8 * w * num_classes
+    if set(flops) != set(trainable):
+        raise AssertionError(f"layers differ: {sorted(set(flops) ^ set(trainable))}")
+    return [{"name": n, "grad_bytes": trainable[n], "flops": flops[n]} for n in trainable]
+
+
+# Small convolutional models reach a fraction of a GPU's peak FP32 rate.  This fraction was the
+# chapter's assumption before a GPU measured the step (an assumption, not a datasheet figure);
+# the predictions now use the measured step (MeasuredStep) and show this one for comparison.
+ASSUMED_UTILIZATION = 0.4
+
+
+def compute_time(forward_flops: float, batch: int, gpu: Gpu, utilization: float) -> float:
+    """Seconds for one training step (forward + backward = 3x the forward FLOPs) of ``batch``
+    images on ``gpu`` running at ``utilization`` of its peak FP32 rate."""
+    return 3.0 * forward_flops * batch / (gpu.fp32_flops * utilization)
