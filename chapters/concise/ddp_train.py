@@ -12,7 +12,8 @@ cpu and gpu profiles.
 
 Every rank writes ``DIR/rank{r}.json`` (losses, accuracies, epoch times, a checksum of its
 parameters); rank 0 also writes ``DIR/checkpoint.pt`` (CPU tensors, no device baked in) and
-the predictions of the trained model on the first test images.
+the predictions of the trained model on the first test images; all ranks together write the
+same model as a distributed checkpoint, ``DIR/dcp`` (``torch.distributed.checkpoint``).
 The model starts from the book's shared initial weights (``d2lmini.resnet18_init``), and is
 evaluated by the book's BatchNorm rule (``d2l.recalibrate_batchnorm``).
 
@@ -31,8 +32,10 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
 from torch import nn
+from torch.distributed.checkpoint.state_dict import get_model_state_dict
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
@@ -180,6 +183,9 @@ def train(args, device: torch.device) -> dict:
                   per_rank_batch=per_rank, global_batch=per_rank * world,
                   param_sha256=checksum(model.module.parameters()),
                   buffer_sha256=checksum(model.module.buffers()))
+    # The current API, the one sharded models need: every rank takes part and writes what it
+    # owns (a replicated tensor once); the files load at any number of processes.
+    dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=Path(args.out) / "dcp")
     if rank == 0:
         # One checkpoint, from rank 0 (all ranks hold the same parameters), as CPU tensors
         # of the bare module: no "module." prefix, no device ids baked in.
