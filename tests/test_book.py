@@ -309,3 +309,18 @@ def test_the_code_a_reader_sees_runs_without_the_hidden_checks():
     for src in notebooks:
         problems = reads_of_hidden_names(json.loads(src.read_text())["cells"])
         assert not problems, f"{src.relative_to(ROOT)}: " + "; ".join(problems)
+
+
+def test_the_original_tutorials_are_credited_not_a_running_frame():
+    """The original tutorials are credited on the intro page (its section heading and the
+    sentence naming them) and at most once on any other page, where a result is compared with
+    theirs: prose says what a thing is in the book's own terms."""
+    pb = _prose_budget()
+    mention = re.compile(r"original\s+tutorials?", re.I)
+    too_many = {}
+    for rel in toc_files():
+        path = next(p for p in (ROOT / f"{rel}.md", ROOT / f"{rel}.ipynb") if p.exists())
+        n = len(mention.findall(pb.page_markdown(path)))
+        if n > (2 if rel == "intro" else 1):
+            too_many[str(path.relative_to(ROOT))] = n
+    assert not too_many, f"mentions of the original tutorials (at most 1 a page, 2 in intro.md): {too_many}"
