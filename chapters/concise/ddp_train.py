@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 import sys
+import traceback
 from pathlib import Path
 
 import torch
@@ -215,6 +216,11 @@ def run_rank(args, work=None) -> None:
                       omp_num_threads=os.environ.get("OMP_NUM_THREADS"))
         path = Path(args.out) / f"rank{rank}.json"
         path.write_text(json.dumps(result))
+    except BaseException:
+        # A launcher reports the first process to exit, which may be a peer failing on the
+        # closed connection: every rank prints its own error, so the log always holds it.
+        print(f"rank {rank}: {traceback.format_exc()}", file=sys.stderr, flush=True)
+        raise
     finally:
         dist.destroy_process_group()
 
