@@ -39,19 +39,27 @@ def lenet_flops() -> float:
     return (_conv(1, 20, 3, 26) + _conv(20, 50, 5, 9) + 2.0 * 800 * 128 + 2.0 * 128 * 10)
 
 
-def resnet18_flops(width: int = 64, hw: int = 28, num_classes: int = 10) -> float:
-    """Forward FLOPs of the book's ResNet-18 variant (3x3 stem, no max-pooling) for one
-    ``hw`` x ``hw`` image: the convolutions and the dense layer."""
-    w, total, cin, size = width, _conv(1, width, 3, hw), width, hw
+def _resnet18_layer_flops(width: int, hw: int, num_classes: int, in_channels: int) -> dict:
+    """``{layer name: forward FLOPs for one image}`` of the book's ResNet-18 variant (3x3
+    stem, no max-pooling): its convolutions and the dense layer, in forward order."""
+    w, size, cin = width, hw, width
+    flops = {"stem.conv": _conv(in_channels, width, 3, hw)}
     for s, c in enumerate((w, 2 * w, 4 * w, 8 * w), start=1):
         for b in range(2):
+            p = f"stage{s}.{b}"
             if b == 0 and s > 1:
                 size = (size - 1) // 2 + 1                      # stride 2, padding 1
-                total += _conv(cin, c, 1, size)                 # the 1x1 shortcut
-            total += _conv(cin, c, 3, size) + _conv(c, c, 3, size)
+                flops[f"{p}.conv3"] = _conv(cin, c, 1, size)    # the 1x1 shortcut
+            flops[f"{p}.conv1"], flops[f"{p}.conv2"] = _conv(cin, c, 3, size), _conv(c, c, 3, size)
             cin = c
-    return total + 2.0 * 8 * w * num_classes
+    flops["fc"] = 2.0 * 8 * w * num_classes
+    return flops
 
+
+def resnet18_flops(width: int = 64, hw: int = 28, num_classes: int = 10) -> float:
+    """Forward FLOPs of the book's ResNet-18 variant for one ``hw`` x ``hw`` image: the
+    convolutions and the dense layer."""
+    return sum(_resnet18_layer_flops(width, hw, num_classes, 1).values())
 
 
 def resnet18_layer_costs(width: int = 64, hw: int = 28, num_classes: int = 10,
@@ -65,19 +73,9 @@ def resnet18_layer_costs(width: int = 64, hw: int = 28, num_classes: int = 10,
     for name, shape in resnet18_spec(num_classes, in_channels, width):
         if name.endswith(("running_mean", "running_var")):
             continue
-        layer = name.rsplit(".", 1)[0].replace(".bn", ".conv").replace("stem.conv", "stem.conv")
+        layer = name.rsplit(".", 1)[0].replace(".bn", ".conv")     # a BatchNorm with its conv
         trainable[layer] = trainable.get(layer, 0) + 4 * math.prod(shape)
-    w, size, cin = width, hw, width
-    flops = {"stem.conv": _conv(in_channels, width, 3, hw)}
-    for s, c in enumerate((w, 2 * w, 4 * w, 8 * w), start=1):
-        for b in range(2):
-            p = f"stage{s}.{b}"
-            if b == 0 and s > 1:
-                size = (size - 1) // 2 + 1
-                flops[f"{p}.conv3"] = _conv(cin, c, 1, size)
-            flops[f"{p}.conv1"], flops[f"{p}.conv2"] = _conv(cin, c, 3, size), _conv(c, c, 3, size)
-            cin = c
-    flops["fc"] = 2.0 * 8 * w * num_classes
+    flops = _resnet18_layer_flops(width, hw, num_classes, in_channels)
     if set(flops) != set(trainable):
         raise AssertionError(f"layers differ: {sorted(set(flops) ^ set(trainable))}")
     return [{"name": n, "grad_bytes": trainable[n], "flops": flops[n]} for n in trainable]
