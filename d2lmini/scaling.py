@@ -25,7 +25,7 @@ import dataclasses
 import math
 
 __all__ = ["RULES", "Policy", "POLICIES", "Summary", "Verdict", "scaled_lr", "lr_schedule",
-           "summarize", "verdicts", "plot_gaps"]
+           "summarize", "verdicts", "plot_gaps", "schedule_table", "summary_table"]
 
 RULES = ("same", "linear", "sqrt")
 
@@ -190,3 +190,31 @@ def plot_gaps(summary: dict, batch_sizes, base_batch: int, policies=POLICIES, ax
     if title:
         ax.set_title(title, fontsize=10)
     return ax
+
+
+def schedule_table(S, schedule) -> str:
+    """The sweep's schedules as a Markdown table: for every global batch of ``S`` (the
+    profile's ``scaling`` settings), the steps, the warm-up and decay steps and the peak
+    learning rate of the three rules; ``schedule(batch, policy)`` gives a run's rates."""
+    from .tables import markdown
+    body = []
+    for B in S.batch_sizes:
+        spe = S.train_samples // B
+        peaks = [max(schedule(B, p)) for p in POLICIES if p.name in ("same lr", "linear", "sqrt")]
+        body.append([B, B // S.base_batch, spe, S.epochs * spe, round(S.warmup_epochs * spe),
+                     round(S.decay_epochs * spe)] + [f"{lr:.4g}" for lr in peaks])
+    return markdown(["B", "k", "steps per epoch", "steps", "warm-up steps", "decay steps",
+                     "peak lr: same", "linear", "sqrt"], body)
+
+
+def summary_table(summary: dict, S, policies=POLICIES) -> str:
+    """:func:`summarize`'s result as a Markdown table: a row per global batch, a column per
+    policy, the mean test accuracy of the seeds with the lowest and highest in brackets."""
+    from .tables import markdown
+
+    def cell(s: Summary) -> str:
+        return (f"{s.mean:.3f} ({s.low:.3f}–{s.high:.3f})"
+                + (f", {s.diverged} diverged" if s.diverged else ""))
+    return markdown(["B", "k", "steps/epoch"] + [p.name for p in policies],
+                    [[B, B // S.base_batch, S.train_samples // B]
+                     + [cell(summary[B, p.name]) for p in policies] for B in S.batch_sizes])

@@ -324,3 +324,22 @@ def test_the_original_tutorials_are_credited_not_a_running_frame():
         if n > (2 if rel == "intro" else 1):
             too_many[str(path.relative_to(ROOT))] = n
     assert not too_many, f"mentions of the original tutorials (at most 1 a page, 2 in intro.md): {too_many}"
+
+
+TABLE_ROW = re.compile(r"\|-{3}|-{3}\|")
+HIDDEN_INPUT = {"remove-cell", "remove-input", "hide-input", "hide-cell"}
+
+
+def visible_code_cells():
+    for p, i, c in notebook_cells():
+        if c["cell_type"] == "code" and not HIDDEN_INPUT & set(c.get("metadata", {}).get("tags", [])):
+            yield p, i, "".join(c["source"])
+
+
+def test_no_visible_cell_builds_a_table():
+    """A page shows what a reader types: a table is one call (``d2lmini.tables``,
+    ``scaling.summary_table``, ``cc.table``...), never the lines that format it."""
+    building = [f"{p} cell {i}" for p, i, src in visible_code_cells()
+                if TABLE_ROW.search(src)]
+    assert not building, "visible code that formats a Markdown table (move it into d2lmini):\n" \
+        + "\n".join(building)

@@ -102,6 +102,12 @@ PAGE_FACTS = """() => {
         plots: document.querySelectorAll('.cell_output img').length,
         text: text.innerText,
         tables: document.querySelectorAll('.cell_output table').length,
+        wide: main ? [...main.querySelectorAll('table')]
+            .filter(t => t.offsetParent !== null && t.closest('.sd-tab-content, details:not([open]), .full-width') === null
+                    && t.getBoundingClientRect().width > main.getBoundingClientRect().width + 1)
+            .map(t => `${Math.round(t.getBoundingClientRect().width)}px > `
+                      + `${Math.round(main.getBoundingClientRect().width)}px: `
+                      + (t.querySelector('tr') || t).innerText.replace(/\s+/g, ' ').slice(0, 70)) : [],
         cut: [...document.querySelectorAll('article pre')]
             .filter(e => e.offsetParent !== null && e.scrollWidth > e.clientWidth + 1)
             .map(e => e.textContent.split('\\n')
@@ -377,6 +383,14 @@ def test_no_line_of_code_or_output_is_cut(seen, width):
     own code."""
     cut = [f"{path}: {line!r}" for path, facts in seen(width).items() for line in facts["cut"]]
     assert not cut, f"lines cut at {width}px:\n" + "\n".join(cut)
+
+
+@pytest.mark.parametrize("width", [1280, 1400])
+def test_every_table_fits_the_text_column(seen, width):
+    """On a laptop's screen and a desktop's, no table is wider than the text column (a table
+    that scrolls sideways hides its last columns): a table too wide is split or narrowed."""
+    wide = [f"{path}: {t}" for path, facts in seen(width).items() for t in facts["wide"]]
+    assert not wide, f"tables wider than the text column at {width}px:\n" + "\n".join(wide)
 
 
 def test_the_text_column_uses_a_wide_screen(site, browser):

@@ -178,3 +178,46 @@ def test_plot_gaps_draws_every_policy_with_the_seeds_range():
 def test_verdicts_need_the_base_batch():
     with pytest.raises(ValueError, match="no run at the base batch 64"):
         scaling.verdicts([_run(128, "p", 0.5)], base_batch=64, tol=0.02)
+
+
+def _page_tables(S, summary, schedule):
+    """The two tables as the batch-size page built them inline before they moved here."""
+    lines = ['| B | k | steps per epoch | steps | warm-up steps | decay steps | peak lr: same | linear | sqrt |',
+             '|---' * 9 + '|']
+    for B in S.batch_sizes:
+        spe = S.train_samples // B
+        peaks = [max(schedule(B, p)) for p in scaling.POLICIES if p.name in ('same lr', 'linear', 'sqrt')]
+        lines.append(f'| {B} | {B // S.base_batch} | {spe} | {S.epochs * spe} | '
+                     f'{round(S.warmup_epochs * spe)} | {round(S.decay_epochs * spe)} | '
+                     + ' | '.join(f'{lr:.4g}' for lr in peaks) + ' |')
+    first = '\n'.join(lines)
+
+    def cell(s):
+        return (f'{s.mean:.3f} ({s.low:.3f}–{s.high:.3f})'
+                + (f', {s.diverged} diverged' if s.diverged else ''))
+    lines = ['| B | k | steps/epoch | ' + ' | '.join(p.name for p in scaling.POLICIES) + ' |',
+             '|---' * (3 + len(scaling.POLICIES)) + '|']
+    for B in S.batch_sizes:
+        lines.append(f'| {B} | {B // S.base_batch} | {S.train_samples // B} | '
+                     + ' | '.join(cell(summary[B, p.name]) for p in scaling.POLICIES) + ' |')
+    return first, '\n'.join(lines)
+
+
+@pytest.mark.parametrize("profile", ["smoke", "cpu", "gpu"])
+def test_the_pages_tables_are_built_by_the_module_as_they_were_inline(profile):
+    import random
+    import d2lmini
+    S = d2lmini.get_profile(profile).scaling
+
+    def schedule(B, policy):
+        spe = S.train_samples // B
+        return policy.schedule(S.base_lr, S.base_batch, B, S.epochs * spe,
+                               round(S.warmup_epochs * spe), round(S.decay_epochs * spe))
+    rng = random.Random(0)
+    runs = [dict(batch=B, policy=p.name, seed=s, test_acc=rng.random(), diverged=rng.random() < 0.2)
+            for B in S.batch_sizes for p in scaling.POLICIES for s in range(3)]
+    summary = scaling.summarize(runs)
+    assert any(s.diverged for s in summary.values())          # both kinds of cell are built
+    expected = _page_tables(S, summary, schedule)
+    assert (scaling.schedule_table(S, schedule), scaling.summary_table(summary, S)) == expected
+    assert scaling.summary_table(summary, S).count("\n") == len(S.batch_sizes) + 1

@@ -1,0 +1,138 @@
+"""The Measured Results page's tables: records in, Markdown out.
+
+The comparison chapter reads the files the book's commands wrote (the benchmark's
+``benchmarks/results.json``, each chapter's ``results.json``, the rounding study, the original
+tutorials' published numbers, the communication fits) and shows them as tables; the pages show
+one call each, the formatting lives here.  Every function returns a Markdown table (a string)
+for ``display(Markdown(...))``.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterable, Sequence
+
+FRAMEWORKS = ("torch", "jax", "paddle", "mxnet")          # the book's order: PyTorch first
+NAMES = {"torch": "PyTorch", "jax": "JAX", "paddle": "Paddle", "mxnet": "MXNet"}
+IMPL_NAMES = {"seed": "naive", "ring": "ring", "concise": "concise"}   # 'seed' in the files
+
+
+def markdown(header: Sequence[str], rows: Iterable[Sequence]) -> str:
+    """A Markdown table: one header row, then one row per sequence of cells (``str()`` each)."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _ms(r: dict) -> str:
+    return (f"{1e3 * r['step_s_median']:.0f} "
+            f"[{1e3 * r['step_s_min']:.0f}–{1e3 * r['step_s_max']:.0f}]")
+
+
+def step_times(rows: dict, impls: Sequence[str], devices: Sequence[int],
+               frameworks: Sequence[str] = FRAMEWORKS) -> str:
+    """The benchmark's records ``{(framework, impl, k): record}``: ms per step on each device
+    count (median [fastest–slowest]) and t(k)/t(1), one row per implementation and framework."""
+    header = (["framework", "implementation"] + [f"{k} dev., ms" for k in devices]
+              + [f"t({k})/t(1)" for k in devices[1:]])
+    body = []
+    for i in impls:
+        for f in frameworks:
+            rs = [rows[f, i, k] for k in devices]
+            body.append([NAMES[f], f"{IMPL_NAMES[i]} ({rs[0]['model']})"] + [_ms(r) for r in rs]
+                        + [f"{r['overhead_vs_1']:.2f}" for r in rs[1:]])
+    return markdown(header, body)
+
+
+def improvements(rows: dict, devices: Sequence[int], frameworks: Sequence[str] = FRAMEWORKS) -> str:
+    """Naive against ring all-reduce (the same LeNet step) and the concise ResNet's rate, at
+    every device count above 1."""
+    body = []
+    for f in frameworks:
+        for k in devices[1:]:
+            s, r, c = rows[f, "seed", k], rows[f, "ring", k], rows[f, "concise", k]
+            body.append([NAMES[f], k, f"{1e3 * s['step_s_median']:.1f}",
+                         f"{1e3 * r['step_s_median']:.1f}",
+                         f"{r['step_s_median'] / s['step_s_median']:.2f}",
+                         f"{c['samples_per_s']:.0f}"])
+    return markdown(["framework", "devices", "naive ms/step", "ring ms/step", "ring / naive",
+                     "concise samples/s (ResNet)"], body)
+
+
+def chapter_records(root: Path, chapter: str, profile: str = "cpu") -> list[dict]:
+    """A chapter's ``results.json`` records of one profile, in the book's order (framework,
+    API, devices, batch)."""
+    recs = json.loads((Path(root) / "chapters" / chapter / "results.json").read_text())
+    recs = [r for r in recs if r["profile"] == profile]
+    return sorted(recs, key=lambda r: (FRAMEWORKS.index(r["framework"]), r["api"],
+                                       r["devices"], r["batch_size"]))
+
+
+def chapter_runs(root: Path, chapter: str, profile: str = "cpu") -> str:
+    """A chapter's own training runs: s/epoch and test accuracy of every record."""
+    return markdown(["framework", "API", "devices", "batch", "epochs", "s/epoch", "test acc"],
+                    [[NAMES[r["framework"]], r["api"], r["devices"], r["batch_size"],
+                      r.get("epochs", ""), f"{r['s_per_epoch']:.1f}", f"{r['test_acc']:.3f}"]
+                     for r in chapter_records(root, chapter, profile)])
+
+
+def dates(records: Iterable[dict]) -> str:
+    """When ``records`` were measured: one date, or the first and the last."""
+    days = sorted({r["date"][:10] for r in records})
+    return days[0] if len(days) == 1 else f"{days[0]} to {days[-1]}"
+
+
+def rounding_label(framework: str, threads: int) -> str:
+    return NAMES[framework] + (f", {threads} thread{'s' if threads > 1 else ''}"
+                               if framework == "torch" else "")
+
+
+def loss_trajectories(runs: dict, shown: Sequence[int]) -> str:
+    """``runs`` ``{(framework, threads): losses}``: the loss at the steps ``shown``."""
+    return markdown(["run"] + [f"loss, step {s}" for s in shown],
+                    [[rounding_label(fw, th)] + [f"{l[s]:.4f}" for s in shown]
+                     for (fw, th), l in runs.items()])
+
+
+def published(tutorials: Sequence[dict]) -> str:
+    """The original tutorials' published runs (``original_results.json``), as printed: a
+    line per tutorial (its hardware and model), then a table of its runs."""
+    parts = []
+    for t in tutorials:
+        parts.append(f"**{t['tutorial']}**: {t['hardware']}; {t['model']}\n")
+        parts.append(markdown(["framework", "API", "devices", "batch", "lr", "s/epoch",
+                               "test acc", "remark"],
+                              [[NAMES[r["framework"]], r.get("api", "from scratch"), r["devices"],
+                                r["batch_size"], r.get("lr", ""), r["s_per_epoch"], r["test_acc"],
+                                r.get("remark", "")] for r in t["runs"]]) + "\n")
+    return "\n".join(parts)
+
+
+def _hardware(hw: dict) -> str:
+    gpus = ", " + ", ".join(hw["gpus"]) if hw["gpus"] else ""
+    return f"{hw['cpu']} ({hw['cpu_cores']} cores){gpus}"
+
+
+def comm_fits(records: Sequence[dict]) -> str:
+    """The communication chapter's alpha-beta fits, one row per record and measurement; the
+    machines and dates they were measured on, once, below the table."""
+    body = []
+    for r in records:
+        for name, f in r["fits"].items():
+            body.append([NAMES[r["framework"]], r["api"] if name == "framework" else name,
+                         f["scheme"], r["devices"], f"{f['alpha'] * 1e6:.1f}",
+                         f"{f['beta'] * 1e9:.3f}", f"{1e-9 / f['beta']:.2f}",
+                         f"{f['median_rel_error']:.0%} / {f['max_rel_error']:.0%}"])
+    where = sorted({_hardware(r["hardware"]) for r in records})
+    return (markdown(["framework", "measurement", "scheme", "k", "alpha (us)", "beta (ns/B)",
+                      "1/beta (GB/s)", "fit error, median / max"], body)
+            + f"\n\nMeasured on {'; '.join(where)}, {dates(records)}." if records else "")
+
+
+def comm_records(root: Path) -> list[dict]:
+    """The communication chapter's records (``chapters/comm/results.json``) of its full runs
+    (the regression tests' short runs left out), in the book's order."""
+    path = Path(root) / "chapters" / "comm" / "results.json"
+    recs = [r for r in (json.loads(path.read_text()) if path.is_file() else [])
+            if r["profile"] != "smoke"]
+    return sorted(recs, key=lambda r: (FRAMEWORKS.index(r["framework"]), r["devices"]))
