@@ -4,6 +4,7 @@ import json
 import re
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -131,6 +132,22 @@ def test_every_page_keeps_its_visible_prose_within_the_budget():
     assert len(counts) == len(toc_files())
     over = {p: n for p, n in counts.items() if n > pb.BUDGET}
     assert not over, f"visible words above {pb.BUDGET} (fold deep dives into dropdowns): {over}"
+
+
+def test_the_essentials_path_is_an_evening_and_the_intro_lists_it():
+    """The Essentials path (intro and four chapter overviews) stays within its budget, and
+    the introduction links every page of it, in order."""
+    pb = _prose_budget()
+    assert pb.essentials_words() <= pb.ESSENTIALS_BUDGET, \
+        f"Essentials path: {pb.essentials_words()} visible words > {pb.ESSENTIALS_BUDGET}"
+    intro = (ROOT / "intro.md").read_text()
+    section = intro[intro.index("## Two ways through the book"):]
+    links = [m for m in re.findall(r"<(chapters/[\w/]+)>", section)]
+    assert links[:len(pb.ESSENTIALS) - 1] == [p[:-3] for p in pb.ESSENTIALS[1:]]
+    for here, after in zip(pb.ESSENTIALS[1:-1], pb.ESSENTIALS[2:]):
+        page = (ROOT / here).read_text()
+        assert "**Essentials path**" in page and f"../{after.split('/')[1]}/index" in \
+            page[page.index("**Essentials path**"):], f"{here} does not lead on to {after}"
 
 
 def test_the_prose_count_skips_exactly_the_folded_blocks():
@@ -343,3 +360,43 @@ def test_no_visible_cell_builds_a_table():
                 if TABLE_ROW.search(src)]
     assert not building, "visible code that formats a Markdown table (move it into d2lmini):\n" \
         + "\n".join(building)
+
+
+RUN_LINES = {
+    "concise": re.compile(r"^(?P<api>[^:\n]+): (?P<devices>\d+) devices?, batch (?P<batch>\d+), "
+                          r"lr [\d.]+, \d+ epochs?: test accuracy (?P<acc>[\d.]+), "
+                          r"(?P<s>[\d.]+) s/epoch", re.M),
+    "scratch": re.compile(r"^test acc (?P<acc>[\d.]+), (?P<s>[\d.]+) s/epoch on (?P<devices>\d+) "
+                          r"device\(s\).*, batch (?P<batch>\d+), lr", re.M),
+}
+NOTEBOOK_OF = {"torch": "pytorch", "jax": "jax", "paddle": "paddle", "mxnet": "mxnet"}
+
+
+@pytest.mark.parametrize("chapter", sorted(RUN_LINES))
+def test_the_results_page_shows_the_runs_the_chapters_show(chapter):
+    """The Measured Results page tabulates each chapter's ``results.json`` (the ``cpu`` runs):
+    every record there is a run the chapter's notebook prints in its stored outputs (same
+    API, devices, batch, accuracy and seconds an epoch), and every run a notebook prints is
+    recorded -- no stale record from an older execution, none missing."""
+    from d2lmini import tables
+    printed = {}
+    for fw, name in NOTEBOOK_OF.items():
+        nb = json.loads((ROOT / "chapters" / chapter / f"{name}.ipynb").read_text())
+        text = "\n".join("".join(o.get("text", "")) for c in nb["cells"] if c["cell_type"] == "code"
+                         for o in c.get("outputs", []))
+        printed[fw] = {(m.groupdict().get("api", "scratch"), int(m["devices"]), int(m["batch"]),
+                        m["acc"], m["s"]) for m in RUN_LINES[chapter].finditer(text)}
+    recorded = {fw: set() for fw in NOTEBOOK_OF}
+    for r in tables.chapter_records(ROOT, chapter):
+        recorded[r["framework"]].add((r["api"], r["devices"], r["batch_size"],
+                                      f"{r['test_acc']:.3f}", f"{r['s_per_epoch']:.1f}"))
+    page = json.loads((ROOT / "chapters" / "comparison" / "results.ipynb").read_text())
+    shown = ["".join(o["data"]["text/markdown"]) for c in page["cells"] if c["cell_type"] == "code"
+             for o in c.get("outputs", []) if "text/markdown" in o.get("data", {})]
+    assert any(t.endswith(tables.chapter_runs(ROOT, chapter)) for t in shown), \
+        f"the results page shows an older {chapter} table: re-execute chapters/comparison/results.ipynb"
+    for fw in NOTEBOOK_OF:
+        assert printed[fw], f"{chapter}/{NOTEBOOK_OF[fw]}: no run line found in its outputs"
+        assert recorded[fw] == printed[fw], (
+            f"{chapter}, {fw}: recorded but not printed {sorted(recorded[fw] - printed[fw])}; "
+            f"printed but not recorded {sorted(printed[fw] - recorded[fw])}")
