@@ -23,9 +23,18 @@ FRAMEWORK = "torch"
 
 # PyTorch's flags that make GPU results depend on more than the maths: TF32 (its default for
 # cuDNN convolutions on Ampere and newer; matrix products default to full float32) and
-# autotuned, non-deterministic cuDNN kernels.  The values exact_numerics() sets.
-_EXACT = {(torch.backends.cuda.matmul, "allow_tf32"): False,
-          (torch.backends.cudnn, "allow_tf32"): False,
+# autotuned, non-deterministic cuDNN kernels.  The values exact_numerics() sets.  TF32 is set
+# with the current API, ``fp32_precision = "ieee"`` (torch >= 2.9), where it exists: PyTorch
+# raises on a read of the legacy ``allow_tf32`` flags once a program has set the new ones, so
+# the legacy flags would break a reader's program that uses the new API.
+if hasattr(torch.backends.cudnn, "conv"):
+    _TF32_OFF = {(torch.backends.cuda.matmul, "fp32_precision"): "ieee",
+                 (torch.backends.cudnn.conv, "fp32_precision"): "ieee",
+                 (torch.backends.cudnn.rnn, "fp32_precision"): "ieee"}
+else:                                                         # legacy: torch < 2.9
+    _TF32_OFF = {(torch.backends.cuda.matmul, "allow_tf32"): False,
+                 (torch.backends.cudnn, "allow_tf32"): False}
+_EXACT = {**_TF32_OFF,
           (torch.backends.cudnn, "deterministic"): True,
           (torch.backends.cudnn, "benchmark"): False}
 

@@ -20,7 +20,7 @@ PROBES = {
 import torch
 from d2lmini import torch as d2l
 def flags():
-    return [torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+    return [torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision,
             torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark]
 INSIDE = ""
 """,
@@ -51,7 +51,7 @@ import os
 out["override"] = os.environ.get("NVIDIA_TF32_OVERRIDE")
 print("PROBE-JSON " + __import__("json").dumps(out))
 """
-EXACT = {"torch": [False, False, True, False], "jax": ["highest"]}
+EXACT = {"torch": ["ieee", "ieee", True, False], "jax": ["highest"]}
 
 
 def run_probe(fw, exact_env):
@@ -83,3 +83,31 @@ def test_exact_everywhere(fw):
     out = run_probe(fw, exact_env=True)
     assert out["before"] == out["inside"] == out["after"] == EXACT[fw]
     assert out["override"] == "0"
+
+
+# A reader's program that sets TF32 with either of PyTorch's two APIs, then uses a proof cell:
+# PyTorch raises on a legacy read once the new API was used, so the block must use the new one.
+READER = {"new": 'torch.backends.cuda.matmul.fp32_precision = "tf32"\n'
+                 'torch.backends.cudnn.conv.fp32_precision = "tf32"\n'
+                 'def mine(): return [torch.backends.cuda.matmul.fp32_precision, '
+                 'torch.backends.cudnn.conv.fp32_precision]\n',
+          "legacy": "torch.backends.cuda.matmul.allow_tf32 = True\n"
+                    "torch.backends.cudnn.allow_tf32 = True\n"
+                    "def mine(): return [torch.backends.cuda.matmul.allow_tf32, "
+                    "torch.backends.cudnn.allow_tf32]\n"}
+
+
+@pytest.mark.parametrize("api", sorted(READER))
+def test_exact_block_works_with_either_tf32_api_of_the_readers_program(api):
+    code = ("import json, torch\nfrom d2lmini import torch as d2l\n" + READER[api]
+            + "before = mine()\nwith d2l.exact_numerics():\n"
+              "    inside = [torch.backends.cuda.matmul.fp32_precision, "
+              "torch.backends.cudnn.conv.fp32_precision]\n"
+              "print('PROBE-JSON ' + json.dumps([before, inside, mine()]))\n")
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", D2LMINI_NUM_DEVICES="1")
+    env.pop("D2LMINI_EXACT", None)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    before, inside, after = json.loads(r.stdout.split("PROBE-JSON ")[-1])
+    assert inside == ["ieee", "ieee"] and after == before and before in (["tf32"] * 2, [True] * 2)
