@@ -731,3 +731,192 @@ def test_bucket_timeline_by_layer_flops():
     # one bucket of everything: nothing hides, whatever the layers
     one = cc.bucket_timeline(0.02, n, 8, pcie, bucket_bytes=n, layers=layers)
     assert len(one) == 1 and one[0]["ready"] == pytest.approx(ends)
+
+
+# --- the roofline of data parallelism (commcost.roofline) ------------------------------------
+
+def test_gpu_peaks_are_the_datasheets_dense_rates():
+    h100 = cc.GPUS["H100 SXM"]
+    assert h100.peak("bf16") == 989.5e12 and h100.peak("tf32") == 494.5e12    # 1,979 and 989 sparse
+    assert h100.peak("fp32") == 67e12
+    with pytest.raises(ValueError, match="no 'fp8' peak"):
+        h100.peak("fp8")
+
+
+def test_roofline_batch_is_the_cards_flops_per_byte_over_the_steps():
+    """Hand-worked: C = 1e15 FLOP/s over W = 100 GB/s is 1e4 FLOP per link byte; a step of 1e9
+    FLOP per example sending 2 (8-1)/8 x 1e8 = 1.75e8 bytes does 5.71 FLOP per byte per example:
+    compute-bound above 1e4 / 5.71 = 1750 examples per GPU."""
+    link = cc.Link("test", 100e9, "hand-worked")
+    assert cc.roofline_batch(1e9, 1e8, 8, link, 1e15) == pytest.approx(1750)
+    assert cc.roofline_batch(1e9, 1e8, 1, link, 1e15) == 0          # one GPU sends nothing
+    assert cc.roofline_batch(1e9, 1e8, 2, link, 1e15) == pytest.approx(1000)   # b(2) = 1
+    # with NCCL's latency the threshold can only grow
+    assert cc.roofline_batch(1e9, 1e8, 8, link, 1e15, latency=True) > 1750
+    with pytest.raises(ValueError):
+        cc.roofline_batch(0, 1e8, 8, link, 1e15)
+
+
+def test_a_transformer_of_weights_only_needs_two_thirds_of_the_cards_ratio():
+    """6 FLOP per parameter and token in a step, 2 bytes per bfloat16 gradient element: the
+    roofline is (C/W) 2(k-1)/k x 2/6 tokens, whatever the parameter count."""
+    nv, gpu = cc.LINKS["NVLink 4 (H100 SXM)"], cc.GPUS["H100 SXM"]
+    ratio = gpu.peak("bf16") / nv.bandwidth                        # about 2,200 FLOP per byte
+    for params in (1e6, 1.5e9):
+        got = cc.roofline_batch(6 * params, 2 * params, 8, nv, gpu.peak("bf16"))
+        assert got == pytest.approx(ratio * 1.75 / 3)
+
+
+def test_gpt2_layer_costs_count_gpt2_xl():
+    layers = cc.gpt2_layer_costs()
+    assert len(layers) == 49 and layers[0]["name"] == "embedding"
+    assert sum(l["grad_bytes"] for l in layers) == 2 * 1_557_611_200        # bfloat16
+    assert layers[1]["flops"] == 2 * 12 * 1600**2 + 2 * 1024 * 1600       # Kaplan et al. 2020
+    assert layers[0]["flops"] == 2 * 1600 * 50257                          # the tied output layer
+
+
+def test_fsdp_layer_threshold_is_one_and_a_half_times_the_steps():
+    """A layer's forward (F_l B) against its all-gather ((k-1)/k n_l): B_l = C (k-1)/k n_l /
+    (F_l W).  The step's all-reduce against its compute (3 F B): 2(k-1)/k n / (3 F).  For
+    layers of one FLOP-per-byte ratio the first is 1.5 times the second (bandwidth terms)."""
+    link, peak, k = cc.LINKS["InfiniBand NDR"], 1e15, 8
+    layers = [{"name": f"l{i}", "grad_bytes": 4e6 * (i + 1), "flops": 2e6 * (i + 1)} for i in range(3)]
+    per = cc.layer_batches(layers, k, link, peak, latency=False)
+    step = cc.roofline_batch(3 * sum(l["flops"] for l in layers),
+                             sum(l["grad_bytes"] for l in layers), k, link, peak)
+    for p in per:
+        assert p["batch"] == pytest.approx(peak * 7 / 8 * 2 / link.bandwidth)   # bytes / FLOP = 2
+        assert p["batch"] == pytest.approx(1.5 * step)
+    # NCCL's latency weighs most on the smallest layer
+    lat = cc.layer_batches(layers, k, link, peak)
+    rise = [q["batch"] / p["batch"] for p, q in zip(per, lat)]
+    assert rise[0] > rise[1] > rise[2] > 1
+
+
+def test_measured_threshold_is_the_roofline_times_the_share_of_peak_reached():
+    """A step linear in its batch that reaches the fraction u of the peak crosses the all-reduce
+    at u times the roofline (both with NCCL's latency): critical_batch = t / (T/B), and
+    roofline = C t / (3F), with 3F B / T = u C."""
+    link, peak, f, n = cc.LINKS["NVLink 4 (H100 SXM)"], 494.5e12, 1e9, 45e6
+    step = cc.StepTime("linear", 0.1, "hand-worked", f, batch=100)          # 3 TFLOP/s
+    u = step.rate(100) / peak
+    assert cc.critical_batch(step, n, 8, link) == pytest.approx(
+        u * cc.roofline_batch(3 * f, n, 8, link, peak, latency=True))
+
+
+def test_threshold_rows_and_table():
+    gpu, nv = cc.GPUS["H100 SXM"], cc.LINKS["NVLink 4 (H100 SXM)"]
+    layers = cc.resnet18_layer_costs()
+    models = {"ResNet-18": {"flops": cc.resnet18_flops(64), "unit": "images", "layers": layers,
+                            "bytes": sum(l["grad_bytes"] for l in layers)}}
+    rows = cc.threshold_rows(models, [nv], gpu, 8)
+    (r,) = rows
+    assert r["bf16"] / r["tf32"] == pytest.approx(989.5 / 494.5)   # in proportion to the peak
+    assert r["bf16, latency"] > r["bf16"]
+    assert len(r["layers"]) == len(layers) and r["layer_max"]["name"] == "fc"
+    table = cc.threshold_table(rows)
+    assert table.count("\n") == 2 and "| ResNet-18 (images) | NVLink 4 (H100 SXM) |" in table
+
+
+# --- nodes of GPUs and HSDP (commcost.hierarchy) ----------------------------------------------
+
+def test_one_node_is_the_nodes_own_link():
+    c, nv = cc.H100_CLUSTER, cc.LINKS["NVLink 4 (H100 SXM)"]
+    for op in cc.COLLECTIVES:
+        for n in (1e3, 1e6, 1e9):
+            assert cc.cluster_time(op, n, 1, c) == cc.collective_time(op, n, 8, nv)
+
+
+def test_one_gpu_per_node_is_the_network_links_model():
+    """A cluster of one-GPU nodes prices every collective as collective_time over the network
+    link with one GPU per node: the same steps, latencies, caps and tree."""
+    ib = cc.LINKS["InfiniBand NDR"]
+    single = cc.Cluster("one GPU a node", cc.LINKS["NVLink 4 (H100 SXM)"], ib, 1, 1)
+    for op in cc.COLLECTIVES:
+        for nodes in (2, 4, 16):
+            for n in (256, 1e5, 3e7, 2e9):
+                assert cc.cluster_time(op, n, nodes, single) == pytest.approx(
+                    cc.collective_time(op, n, nodes, ib), rel=1e-12)
+
+
+def test_flat_latency_counts_network_steps_as_nccl_does():
+    """tuning.cc, more than one GPU a node: base + (nsteps - nInterSteps) max(intra, overhead)
+    + nInterSteps inter, nInterSteps = nodes - 1 (all-gather), 2 (nodes - 1) (all-reduce);
+    the network post overhead 1 us, 3 us for Simple.  Tree: base + 2 (7 intra + log2 nodes
+    inter)."""
+    c = cc.H100_CLUSTER
+    us = lambda t: t * 1e6
+    assert us(cc.cluster_latency("all-gather", 2, c, "Simple")) == pytest.approx(8.4 + 14 * 3.4 + 14.0)
+    assert us(cc.cluster_latency("all-gather", 2, c, "LL")) == pytest.approx(6.6 + 14 * 1.0 + 2.7)
+    assert us(cc.cluster_latency("all-reduce", 2, c, "LL128")) == pytest.approx(14.0 + 28 * 1.9 + 2 * 4.0)
+    assert us(cc.cluster_latency("all-reduce", 16, c, "LL", "tree")) == pytest.approx(6.8 + 2 * (7 * 0.6 + 4 * 5.0))
+    with pytest.raises(ValueError, match="all-reduce only"):
+        cc.cluster_latency("all-gather", 2, c, "LL", "tree")
+
+
+def test_flat_ring_gets_the_nodes_cards():
+    """Every ring crosses a node's boundary once, on one card: 8 cards of 50 GB/s give a GPU's
+    ring share 400 GB/s (below NVLink's 450); one card, 50 GB/s.  All-gather of 8 GB on 2
+    nodes, Simple: 70 us + 15/16 x 8e9 / 400e9 = 18.82 ms."""
+    c = cc.H100_CLUSTER
+    assert c.flat_bandwidth() == 400e9
+    one_nic = cc.Cluster("one card", c.intra, c.inter, 8, 1)
+    assert one_nic.flat_bandwidth() == 50e9
+    assert one_nic.across().bandwidth == 50e9 / 8                     # eight GPUs share it
+    assert cc.cluster_time("all-gather", 8e9, 2, c, protocol="Simple") == pytest.approx(
+        70.0e-6 + 15 / 16 * 8e9 / 400e9)
+    assert cc.cluster_choice("all-gather", 8e9, 2, c) in {("ring", p) for p in cc.PROTOCOLS}
+    with pytest.raises(ValueError, match="NET link"):
+        cc.Cluster("bad", c.inter, c.inter)
+
+
+def test_hierarchy_collectives_per_unit():
+    units = [8e6, 4e6]
+    assert cc.hierarchy_collectives(units, "DDP", 2) == [("flat", "all-reduce", 8e6), ("flat", "all-reduce", 4e6)]
+    fsdp = cc.hierarchy_collectives(units, "FSDP", 2)
+    assert [op for _, op, _ in fsdp[:3]] == ["all-gather", "all-gather", "reduce-scatter"]
+    assert len(cc.hierarchy_collectives(units, "FSDP", 2, regather=False)) == 4
+    hsdp = cc.hierarchy_collectives(units, "HSDP", 2)
+    assert hsdp[:4] == [("node", "all-gather", 8e6)] * 2 + [("node", "reduce-scatter", 8e6),
+                                                              ("across", "all-reduce", 1e6)]
+    with pytest.raises(ValueError, match="scheme"):
+        cc.hierarchy_collectives(units, "ZeRO-3", 2)
+
+
+def test_hsdp_bytes_per_card_hand_worked():
+    """Four units of 8 MB (n = 32 MB) on 2 nodes of 8 (N = 16): a card sends per step
+    DDP 2 (15/16) n / 8 = 7.5 MB, FSDP 3 (15/16) n / 8 = 11.25 MB, HSDP 2 (1/2) n / 8 = 4 MB."""
+    units = [8e6] * 4
+    got = {s: cc.hierarchy_step(units, s, 2)["nic_bytes"] for s in cc.HIERARCHY_SCHEMES}
+    assert got == pytest.approx({"DDP": 7.5e6, "FSDP": 11.25e6, "HSDP": 4e6})
+    assert all(cc.hierarchy_step(units, s, 1)["nic_bytes"] == 0 for s in cc.HIERARCHY_SCHEMES)
+
+
+def test_hsdp_time_is_its_node_part_and_its_shards_all_reduce():
+    """One unit of 8 GB on 2 nodes: HSDP's part across nodes is the all-reduce of 1 GB between
+    2 GPUs over one card, Simple ring: (8.4 + 2 x 14) x 1.4 us + 2 (1/2) 1e9 / 50e9 s; its node
+    part is FSDP's three collectives on one node; on one node HSDP is FSDP."""
+    c, nv = cc.H100_CLUSTER, cc.LINKS["NVLink 4 (H100 SXM)"]
+    h = cc.hierarchy_step([8e9], "HSDP", 2)
+    assert h["across_s"] == pytest.approx((8.4 + 2 * 14.0) * 1.4e-6 + 1e9 / 50e9)
+    assert h["node_s"] == pytest.approx(2 * cc.collective_time("all-gather", 8e9, 8, nv)
+                                        + cc.collective_time("reduce-scatter", 8e9, 8, nv))
+    assert h["flat_s"] == 0 and h["seconds"] == h["node_s"] + h["across_s"]
+    one = {s: cc.hierarchy_step([8e9, 1e6], s, 1) for s in cc.HIERARCHY_SCHEMES}
+    assert one["HSDP"]["seconds"] == pytest.approx(one["FSDP"]["seconds"]) and one["HSDP"]["across_s"] == 0
+    assert one["DDP"]["seconds"] == pytest.approx(sum(cc.collective_time("all-reduce", n, 8, nv)
+                                                      for n in (8e9, 1e6)))
+
+
+def test_hierarchy_rows_gpt2_xl():
+    """GPT-2 XL's 49 units: flat FSDP's rings grow a step per GPU, HSDP's stay in the node; from
+    16 nodes on HSDP is faster than flat FSDP, and DDP, one all-reduce a unit, fastest."""
+    units = [l["grad_bytes"] for l in cc.gpt2_layer_costs()]
+    rows = cc.hierarchy_rows(units, [1, 2, 16])
+    by = {(r["nodes"], r["scheme"]): r for r in rows}
+    assert by[1, "DDP"]["vs_ddp"] == 1 and by[16, "DDP"]["gpus"] == 128
+    assert by[16, "HSDP"]["seconds"] < by[16, "FSDP"]["seconds"]
+    assert all(by[n, "DDP"]["seconds"] < min(by[n, "FSDP"]["seconds"], by[n, "HSDP"]["seconds"])
+               for n in (1, 2, 16))
+    table = cc.hierarchy_table(rows)
+    assert table.count("\n") == 4 and "| 16 (128) |" in table

@@ -10,11 +10,18 @@ collective to time), one module per job; every name is also here, ``commcost.<na
   message sizes and device counts;
 - ``nccl``: NCCL's own cost model (src/graph/tuning.cc) over published ``LINKS``:
   ``collective_time`` and the algorithm and protocol NCCL picks;
-- ``workload``: the book's models' FLOPs and gradient bytes, GPUs' peak rates;
+- ``workload``: the book's models' FLOPs and gradient bytes (ResNet-18's and GPT-2's layer by
+  layer), GPUs' peak rates (FP32, TF32, bfloat16);
 - ``measured``: one GPU's step read from the benchmark records (``load_step``,
   ``load_step_shape``: ``T(B) = T0 + B t``; ``StepTime``, ``resnet18_step_times``);
 - ``predict``: ``predict_step`` on k GPUs, after backward or overlapped in DDP's buckets
   (``bucket_timeline``), ``critical_batch``, ``device_limit``, the speed-up tables;
+- ``roofline``: the per-GPU batch above which a step is compute-bound at a card's peak
+  (``roofline_batch``: FLOPs per byte sent against the card's FLOP/s per link byte/s), and
+  FSDP's per layer (``layer_batches``);
+- ``hierarchy``: nodes of GPUs (``Cluster``): NCCL's model of a flat collective across nodes
+  (``cluster_time``), and a step's collectives under flat DDP, flat FSDP and HSDP
+  (``hierarchy_step``, ``hierarchy_rows``);
 - ``overlap``: whether measured step times show hidden communication (``overlap_verdict``);
 - ``records``: the results file and the printed fits and tables;
 - ``plots``: every figure (``plot_*``);
@@ -37,13 +44,18 @@ from .nccl import (PROTOCOLS, NCCL_VERSION_READ, NCCL_SOURCE, NCCL_BASE_LATENCY_
                    tree_bandwidth, collective_time, nccl_choice, nccl_protocol, NODE_GPUS,
                    LINKS)
 from .workload import (LENET_SHAPES, Gpu, GPUS, gradient_bytes, lenet_flops, resnet18_flops,
-                       resnet18_layer_costs, ASSUMED_UTILIZATION, compute_time)
+                       resnet18_layer_costs, gpt2_layer_costs, ASSUMED_UTILIZATION, compute_time)
 from .measured import (BENCHMARKS, H100_RUN, H100_RESNET18, H100_MODEL, BenchmarkRecordError,
                        MeasuredStep, load_step, H200_RUN, H200_SHAPES, LINEAR_LABEL, StepTime,
                        load_step_shape, resnet18_step_times, step_table)
 from .predict import (DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES, layer_buckets, bucket_sizes,
                       predict_step, bucket_timeline, MIN_PER_GPU_BATCH, device_limit,
                       best_speedup, critical_batch, speedup_rows, speedup_table)
+from .roofline import (comm_seconds, roofline_batch, layer_batches, threshold_rows,
+                       threshold_table, plot_compute_bound)
+from .hierarchy import (Cluster, H100_CLUSTER, cluster_latency, cluster_time, cluster_choice,
+                        HIERARCHY_SCHEMES, hierarchy_collectives, hierarchy_step, hierarchy_rows,
+                        hierarchy_table, plot_hierarchy)
 from .overlap import hidden_fraction, clearly_greater, overlap_verdict, overlap_report
 from .records import record, report, table
 from .plots import plot_overlap_timeline, plot_roofline, plot_speedups, plot_fits
@@ -67,4 +79,8 @@ __all__ = ["SCHEMES", "coefficients", "model_time", "Fit", "fit", "crossover",
            "BENCHMARKS", "H100_RUN", "H100_RESNET18", "H100_MODEL", "BenchmarkRecordError",
            "MeasuredStep", "load_step", "StepTime", "resnet18_step_times", "step_table",
            "H200_RUN", "H200_SHAPES", "LINEAR_LABEL", "load_step_shape",
-           "speedup_rows", "speedup_table", "plot_speedups"]
+           "speedup_rows", "speedup_table", "plot_speedups", "gpt2_layer_costs",
+           "comm_seconds", "roofline_batch", "layer_batches", "threshold_rows", "threshold_table",
+           "plot_compute_bound", "Cluster", "H100_CLUSTER", "cluster_latency", "cluster_time",
+           "cluster_choice", "HIERARCHY_SCHEMES", "hierarchy_collectives", "hierarchy_step",
+           "hierarchy_rows", "hierarchy_table", "plot_hierarchy"]

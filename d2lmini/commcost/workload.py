@@ -1,6 +1,6 @@
 """What one training step computes and sends: the book's models' FLOPs and gradient bytes
-(whole, and ResNet-18's layer by layer), GPUs' peak FP32 rates, and the compute time they
-imply at an assumed utilization."""
+(whole, and ResNet-18's and GPT-2's layer by layer), GPUs' peak rates (FP32, and TF32 and
+bfloat16 on the tensor cores), and the compute time they imply at an assumed utilization."""
 from __future__ import annotations
 
 import math
@@ -16,11 +16,26 @@ class Gpu:
     name: str
     fp32_flops: float          # peak dense FP32, FLOP/s
     source: str
+    tf32_flops: float = 0.0    # peak dense TF32 on the tensor cores, FLOP/s (0: none)
+    bf16_flops: float = 0.0    # peak dense bfloat16 on the tensor cores, FLOP/s (0: none)
+
+    def peak(self, numerics: str) -> float:
+        """The datasheet's dense peak for ``numerics``: "fp32", "tf32" or "bf16"."""
+        rate = {"fp32": self.fp32_flops, "tf32": self.tf32_flops, "bf16": self.bf16_flops}.get(numerics)
+        if not rate:
+            raise ValueError(f"no {numerics!r} peak for {self.name} (fp32, tf32, bf16)")
+        return rate
 
 
+# The datasheets print the tensor-core rates with 2:4 structured sparsity; dense is half of it.
 GPUS: dict[str, Gpu] = {
-    "H100 SXM": Gpu("H100 SXM", 67e12, "NVIDIA H100 Tensor Core GPU datasheet: FP32 67 TFLOPS"),
-    "A100 SXM": Gpu("A100 SXM", 19.5e12, "NVIDIA A100 Tensor Core GPU datasheet: FP32 19.5 TFLOPS"),
+    "H100 SXM": Gpu("H100 SXM", 67e12,
+                    "NVIDIA H100 Tensor Core GPU datasheet: FP32 67 TFLOPS; TF32 989 and BF16 "
+                    "1,979 TFLOPS with sparsity, dense half of it",
+                    tf32_flops=989e12 / 2, bf16_flops=1979e12 / 2),
+    "A100 SXM": Gpu("A100 SXM", 19.5e12,
+                    "NVIDIA A100 Tensor Core GPU datasheet: FP32 19.5 TFLOPS; TF32 156 and BF16 "
+                    "312 TFLOPS dense", tf32_flops=156e12, bf16_flops=312e12),
 }
 
 
@@ -91,3 +106,20 @@ def compute_time(forward_flops: float, batch: int, gpu: Gpu, utilization: float)
     """Seconds for one training step (forward + backward = 3x the forward FLOPs) of ``batch``
     images on ``gpu`` running at ``utilization`` of its peak FP32 rate."""
     return 3.0 * forward_flops * batch / (gpu.fp32_flops * utilization)
+
+
+def gpt2_layer_costs(layers: int = 48, width: int = 1600, vocab: int = 50257,
+                     context: int = 1024, itemsize: int = 2) -> list[dict]:
+    """GPT-2's FSDP units (defaults: GPT-2 XL), in forward order, as
+    :func:`resnet18_layer_costs` gives ResNet-18's: ``{"name", "grad_bytes" (its parameters,
+    ``itemsize`` bytes each: bfloat16), "flops" (forward, one token)}``.  Parameters from
+    :func:`d2lmini.sharding.gpt2_units`; FLOPs as Kaplan et al. (2020, Table 1) count them: a
+    block 2 per weight (12 width^2) plus its attention, 2 context x width; the root (token and
+    position embeddings, final LayerNorm) the output layer, which shares the token embedding:
+    2 width x vocab."""
+    from ..sharding import gpt2_units
+    units = gpt2_units(layers, width, vocab, context)
+    block = 2.0 * 12 * width * width + 2.0 * context * width
+    return ([{"name": "embedding", "grad_bytes": units[0] * itemsize, "flops": 2.0 * width * vocab}]
+            + [{"name": f"block{i}", "grad_bytes": u * itemsize, "flops": block}
+               for i, u in enumerate(units[1:])])
