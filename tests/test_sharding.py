@@ -371,3 +371,130 @@ def test_gpt2_units_and_models_with_their_own_itemsize():
     # the notebooks' row: by layer in bfloat16, below twice the all-reduce on both links
     rows = sh.stage_time_rows({"gpt": (units, 2)}, 8, [link, cc.LINKS["InfiniBand NDR"]])
     assert all(1.5 < r["vs_replicated"] < 2 for r in rows if r["scheme"] == "ZeRO-3 by layer")
+
+
+# --- FSDP's knobs ---------------------------------------------------------------------------------
+TINY = (3, 2, 1)          # two layers: 3*2+2 = 8 and 2*1+1 = 3 parameters
+
+
+def test_peak_with_the_knobs_by_hand():
+    # ZeRO-3 by layer on one device, one example: state 16 bytes x 11 parameters = 176; the
+    # examples 12, layer 1's output 8, the loss gradient 4; gathered layers 32 and 12 bytes.
+    # Prefetching one layer, the worst moment is layer 2's input gradient in the backward pass:
+    # 176 + x0 12 + x1 8 + both layers gathered 44 + layer 2's gradient 12 + dz 8 = 260.
+    peak = lambda **kw: sh.peak_bytes(1, "ZeRO-3 by layer", 1, TINY, **kw)[0]
+    assert peak() == peak(prefetch=True) == peak(prefetch=1) == 260
+    assert peak(prefetch=0) == peak(prefetch=False) == 252     # layer 1's gradient, one layer
+    assert peak(prefetch=2) == 260                             # two layers: nothing more to fetch
+    assert peak(gather_itemsize=2) == 260 - 22                 # the gathered layers in 2 bytes
+    assert peak(sync=False) == 260 + 44                        # a whole float32 gradient kept
+    assert sh.peak_parts(1, "ZeRO-3 by layer", 1, TINY, sync=False)[1]["grads"] == 44 + 12
+    with pytest.raises(ValueError):
+        peak(prefetch=-1)
+
+
+def test_sync_off_keeps_a_whole_gradient_only_where_gradients_are_sharded():
+    for scheme in ("replicated", "ZeRO-1", "ZeRO-2 by layer", "ZeRO-3 by layer"):
+        on, off = (sh.peak_bytes(2, scheme, 4, sync=s)[0] for s in (True, False))
+        n = sum(sh.layer_sizes())
+        assert off - on == (4 * n if sh.scheme_stage(scheme)[0] >= 2 else 0), scheme
+    # whole model: the backward pass's whole gradient buffer IS the kept one
+    on, off = (sh.peak_bytes(2, "ZeRO-2", 4, sync=s)[0] for s in (True, False))
+    assert off == on
+
+
+def test_prefetch_bytes_by_hand():
+    sizes = [5, 3, 2]
+    assert sh.prefetch_bytes(sizes, 0) == [0, 0, 0]
+    assert sh.prefetch_bytes(sizes, 1) == [12, 8, 0]
+    assert sh.prefetch_bytes(sizes, 2) == [20, 8, 0]
+    assert sh.prefetch_bytes(sizes, 1, backward=True) == [0, 20, 12]
+    assert sh.prefetch_bytes(sizes, 2, itemsize=2, backward=True) == [0, 10, 16]
+    with pytest.raises(ValueError):
+        sh.prefetch_bytes(sizes, -1)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 8])
+def test_one_more_layer_ahead_adds_that_layer_at_every_moment(k):
+    sizes = sh.layer_sizes()
+    one, two = (sh.layer_moments(k, "ZeRO-3 by layer", 32, prefetch=d) for d in (1, 2))
+    for backward, key in ((False, "forward"), (True, "backward")):
+        extra = [b - a for a, b in zip(sh.prefetch_bytes(sizes, 1, backward=backward),
+                                       sh.prefetch_bytes(sizes, 2, backward=backward))]
+        assert [b - a for a, b in zip(one[key], two[key])] == extra
+    assert one["forward"][1] - sh.layer_moments(k, "ZeRO-3 by layer", 32, prefetch=0)["forward"][1] \
+        == 4 * sizes[2]
+
+
+def test_fsdp_collective_bytes_by_hand():
+    unit = [[(3, 2), (3,)]]                  # ceil(3/2) = 2 rows: 2*2 + 2 = 6 elements per rank
+    assert sh.fsdp_collective_bytes(unit, 2) == {"all-gather": 48, "reduce-scatter": 48}
+    assert sh.fsdp_collective_bytes(unit, 2, 2, 4) == {"all-gather": 24, "reduce-scatter": 48}
+    assert sh.fsdp_collective_bytes(unit, 2, 2) == {"all-gather": 24, "reduce-scatter": 24}
+    assert sh.fsdp_collective_bytes(unit, 2, regather=False)["all-gather"] == 24
+    assert sh.fsdp_collective_bytes(unit, 1) == {"all-gather": 0, "reduce-scatter": 0}
+    # the MLP on 2 ranks, float32: each gathers its half twice and hands over the whole gradient
+    n = sum(sh.layer_sizes())
+    assert sh.fsdp_collective_bytes(sh.mlp_units(), 2) == {"all-gather": 4 * n, "reduce-scatter": 4 * n}
+
+
+def test_gathered_units_carry_their_padding():
+    unit = [(3, 2), (3,)]                    # 9 elements; ceil(3/2) = 2 rows: 2 padded shards of 6
+    assert sh.gathered_elements([unit], 2) == [12]
+    assert sh.gathered_elements([unit], 3) == [9] and sh.gathered_elements([unit], 1) == [9]
+    assert sh.gathered_elements(sh.mlp_units(), 2) == sh.layer_sizes()      # 256 and 10 rows: even
+    assert sh.gathered_elements(sh.mlp_units(), 3)[0] == 3 * (86 * 784 + 86)
+
+
+def test_kept_gradients_and_deferred_init_by_hand():
+    unit = [[(3, 2), (3,)]]
+    assert sh.kept_grad_bytes(unit, 2) == 24 and sh.kept_grad_bytes(unit, 2, sync=False) == 36
+    assert sh.kept_grad_bytes(unit, 1) == sh.kept_grad_bytes(unit, 1, sync=False) == 36
+    # units of 8 and 3 parameters, shards of 4 and 2: whole model and the first shard (11 + 4)
+    assert sh.init_peak_bytes([8, 3], [4, 2]) == 4 * 15
+    assert sh.init_peak_bytes([8, 3], [4, 2], deferred=True) == 4 * 6
+    assert sh.init_peak_bytes([8, 3], [8, 3]) == 4 * 19     # one rank: the copy of unit 1
+    with pytest.raises(ValueError):
+        sh.init_peak_bytes([8, 3], [4])
+    assert sh.mlp_units()[0] == [(256, 784), (256,)]
+    assert sum(math.prod(s) for u in sh.mlp_units() for s in u) == sum(sh.layer_sizes())
+
+
+@pytest.mark.parametrize("k", [1, 2, 8])
+def test_knob_formula_rows_and_table(k):
+    rows = {r["knob"]: r for r in sh.knob_formula_rows(k, 32)}
+    base = rows["param_dtype=bfloat16"]["default"]
+    assert all(r["default"] == base for r in rows.values() if r["knob"] != "meta-device init")
+    assert rows["param_dtype=bfloat16"]["knob_on"] < base
+    assert rows["no prefetch"]["knob_on"] <= base <= rows["prefetch 2 layers"]["knob_on"]
+    n = sum(sh.layer_sizes())
+    assert rows["no gradient sync"]["knob_on"] - base == 4 * n
+    init = rows["meta-device init"]
+    assert init["knob_on"] == 4 * sum(max(sh.shard_sizes(s, k)) for s in sh.layer_sizes())
+    assert init["default"] == 4 * (n + max(sh.shard_sizes(sh.layer_sizes()[0], k)))
+    table = sh.knob_table(list(rows.values()))
+    assert table.count("\n") == len(rows) + 1 and "formula" not in table.splitlines()[0]
+    measured = [dict(rows["no prefetch"], formula_default=1024, formula_on=2048)]
+    assert "1.0 → 2.0" in sh.knob_table(measured)
+
+
+def test_plot_layer_bytes():
+    import matplotlib
+    matplotlib.use("Agg")
+    moments = sh.layer_moments(2, "ZeRO-3 by layer", 32)
+    ax = sh.plot_layer_bytes({"formula": moments})
+    assert len(ax.lines[0].get_xdata()) == 2 * len(sh.layer_sizes())
+
+
+def test_fsdp_init_peak_pads_a_short_shard_by_hand():
+    unit = [[(3, 2), (3,)]]          # ceil(3/2) = 2 rows; rank 1 owns 1 row of each tensor
+    assert sh.fsdp_init_peak_bytes(unit, 2, 0, deferred=True) == 4 * 6      # full rows: no copy
+    # rank 1: its own rows (2 + 1 elements), then W's padded 4 beside them: 7; then b's
+    assert sh.fsdp_init_peak_bytes(unit, 2, 1, deferred=True) == 4 * 7
+    assert sh.fsdp_init_peak_bytes(unit, 2, 1) == sh.init_peak_bytes([9], [6]) == 4 * 15
+    assert sh.fsdp_init_peak_bytes(sh.mlp_units(), 1, 0, deferred=True) == 4 * sum(sh.layer_sizes())
+    # 8 ranks: 256 rows divide evenly and ranks 5-7 own none of the last layer's 10 rows
+    assert all(sh.fsdp_init_peak_bytes(sh.mlp_units(), 8, r, deferred=True)
+               == 4 * sum(sh.row_shard_elements(u, 8) for u in sh.mlp_units()) for r in range(8))
+    with pytest.raises(ValueError):
+        sh.fsdp_init_peak_bytes(unit, 2, 2)

@@ -20,13 +20,18 @@ Adam's m and v (whole tensors, gathered), the bytes this rank holds of parameter
 and optimizer state (its local shards) and the peak bytes of the tensors alive on this rank
 during the steps, by category, from PyTorch's memory tracker (``torch.distributed._tools``:
 ``MemTracker``, ``FSDPMemTracker`` for FSDP2; a private API).  Then DDP's ``no_sync`` accumulation of A micro-batches is
-compared with one step on the whole batch.  Each rank writes ``DIR/rank<r>.json`` with its
+compared with one step on the whole batch.  Last, FSDP2's knobs (``knobs``), on the peak-memory
+section's MLP (``sh.MLP_WIDTHS``, one unit per layer): ``MixedPrecisionPolicy``'s ``param_dtype``
+and ``reduce_dtype``, explicit prefetching, ``set_requires_gradient_sync(False)`` across
+micro-batches and deferred initialisation on the meta device, each measured with the tracker
+(and the bytes handed to FSDP2's collectives).  Each rank writes ``DIR/rank<r>.json`` with its
 peak resident memory.  CPU and gloo unless there is a GPU for every rank (then NCCL).
 """
 from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import json
 import os
 from pathlib import Path
@@ -36,9 +41,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPRefType
 from torch.distributed._tools.mem_tracker import MemTracker
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp._fully_shard._fsdp_collectives import (DefaultAllGather,
+                                                                   DefaultReduceScatter)
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -187,6 +194,189 @@ def accumulation(batches, args, device, world, rank) -> float:
     return sh.max_abs_diff([a.numpy() for a in results[0]], [b.numpy() for b in results[1]])
 
 
+# --- FSDP2's knobs, on the peak-memory section's MLP ---------------------------------------------
+
+class MLP(nn.Module):
+    """The peak-memory section's MLP (``sh.MLP_WIDTHS``, ReLU between layers) as ``nn.Linear``
+    layers, each an FSDP unit; with ``init``, the shared weights ``sh.mlp_init``."""
+
+    def __init__(self, init=True):
+        super().__init__()
+        widths = sh.MLP_WIDTHS
+        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(widths[:-1], widths[1:]))
+        if init:
+            arrays = sh.mlp_init()
+            with torch.no_grad():
+                for layer, W, b in zip(self.layers, arrays[0::2], arrays[1::2]):
+                    layer.weight.copy_(torch.from_numpy(W).T)        # Linear keeps (out, in)
+                    layer.bias.copy_(torch.from_numpy(b))
+
+    def forward(self, X):
+        for l, layer in enumerate(self.layers):
+            X = layer(X)
+            X = F.relu(X) if l < len(self.layers) - 1 else X
+        return X
+
+
+class CountedAllGather(DefaultAllGather):
+    """FSDP2's own all-gather, adding up the bytes each call is handed (this rank's shards)."""
+
+    def __init__(self, sent):
+        super().__init__()
+        self.sent = sent
+
+    def __call__(self, output_tensor, input_tensor, group, async_op=False):
+        key = f"all-gather {str(input_tensor.dtype).removeprefix('torch.')}"
+        self.sent[key] = self.sent.get(key, 0) + input_tensor.numel() * input_tensor.element_size()
+        return super().__call__(output_tensor=output_tensor, input_tensor=input_tensor,
+                                group=group, async_op=async_op)
+
+
+class CountedReduceScatter(DefaultReduceScatter):
+    """FSDP2's own reduce-scatter, adding up the bytes each call is handed (the whole gradient)."""
+
+    def __init__(self, sent):
+        super().__init__()
+        self.sent = sent
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+        key = f"reduce-scatter {str(input_tensor.dtype).removeprefix('torch.')}"
+        self.sent[key] = self.sent.get(key, 0) + input_tensor.numel() * input_tensor.element_size()
+        return super().__call__(output_tensor=output_tensor, input_tensor=input_tensor,
+                                group=group, op=op, async_op=async_op)
+
+
+def shard_mlp(model, mesh, mp_policy=None, prefetch=None, sent=None):
+    """FSDP2 on the MLP, one unit per layer, then the root.  ``mp_policy``: FSDP2's
+    ``MixedPrecisionPolicy``; ``prefetch``: None for FSDP2's defaults, else how many layers each
+    layer gathers ahead of it, explicitly, in forward and in backward; ``sent``: a dict the
+    collectives add the bytes they are handed to."""
+    kw = {"mp_policy": mp_policy} if mp_policy is not None else {}
+    layers = list(model.layers)
+    for layer in layers:
+        fully_shard(layer, mesh=mesh, **kw)
+        if sent is not None:
+            layer.set_custom_all_gather(CountedAllGather(sent))
+            layer.set_custom_reduce_scatter(CountedReduceScatter(sent))
+    fully_shard(model, mesh=mesh, **kw)
+    if prefetch is not None:
+        for l, layer in enumerate(layers):
+            layer.set_modules_to_forward_prefetch(layers[l + 1:l + 1 + prefetch])
+            layer.set_modules_to_backward_prefetch(layers[max(l - prefetch, 0):l][::-1])
+    return model
+
+
+class LayerMoments:
+    """PyTorch's memory tracker, read while each layer computes: in forward after FSDP2 has
+    gathered the layer (and what it prefetches), in backward when the layer's weight gradient is
+    made.  ``gc.collect()`` first, so that the reading does not depend on when Python collects
+    FSDP2's freed buffers."""
+
+    def __init__(self, model, device):
+        self.tracker, self.device = FSDPMemTracker(model), device
+        self.forward, self.backward = {}, {}
+        for l, layer in enumerate(model.layers):            # after FSDP2's own pre-forward hook
+            layer.register_forward_pre_hook(self._before(l))
+
+    def read(self):
+        gc.collect()
+        snap = self.tracker.get_tracker_snapshot().get(self.device, {})
+        return {"total": int(snap.get("Total", 0)),
+                "gathered": int(snap.get(_FSDPRefType.UNSHARDED_PARAM, 0)),
+                "grads": int(snap.get(_FSDPRefType.SHARDED_GRAD, 0)
+                             + snap.get(_FSDPRefType.UNSHARDED_GRAD, 0))}
+
+    def _before(self, l):
+        def hook(layer, args):
+            self.forward[l] = self.read()
+            handle = []
+            def at_grad(grad):                               # the layer's backward, underway
+                self.backward[l] = self.read()
+                handle.pop().remove()
+            handle.append(layer.weight.register_hook(at_grad))
+        return hook
+
+    def by_layer(self, key="total"):
+        L = len(self.forward)
+        return {"forward": [self.forward[l][key] for l in range(L)],
+                "backward": [self.backward[l][key] for l in range(L)]}
+
+
+def knobs(X, y, n_global, device, world, accum) -> dict:
+    """FSDP2's knobs on the MLP, one forward and backward of this rank's examples each (its
+    summed loss over the global batch n_global): what the tracker and the collectives saw."""
+    mesh = init_device_mesh(device.type, (world,))
+    X = X.flatten(start_dim=1)
+
+    def backward(model, X, y):
+        (F.cross_entropy(model(X), y, reduction="sum") * world / n_global).backward()
+
+    def grads(model):
+        return [full(p.grad).detach().float().cpu().numpy() for p in model.parameters()]
+
+    out = {"precision": {}, "prefetch": {}, "sync": {}, "init": {}}
+    # param_dtype / reduce_dtype: the gathered layers and the bytes handed to the collectives
+    policies = {"float32": None,
+                "param_dtype=bfloat16": MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                             reduce_dtype=torch.float32),
+                "param_dtype=reduce_dtype=bfloat16": MixedPrecisionPolicy(param_dtype=torch.bfloat16)}
+    reference, computed = None, {}
+    for name, policy in policies.items():
+        sent, model = {}, None
+        try:
+            model = shard_mlp(MLP().to(device), mesh, policy, sent=sent)
+            moments = LayerMoments(model, device)
+            with moments.tracker:
+                backward(model, X, y)
+            g = computed[name] = grads(model)
+            reference = reference if reference is not None else g
+            scale = max(float(abs(a).max()) for a in reference)
+            out["precision"][name] = {"sent": sent, "gathered": moments.by_layer("gathered")["forward"],
+                                      "grad_diff": sh.max_abs_diff(g, reference) / scale}
+        except Exception as e:                               # gloo without bfloat16, say
+            out["precision"][name] = {"error": f"{type(e).__name__}: {e}".splitlines()[0]}
+    if len(computed) == len(policies):                       # what reduce_dtype=bfloat16 adds
+        out["reduce_diff"] = sh.max_abs_diff(computed["param_dtype=reduce_dtype=bfloat16"],
+                                             computed["param_dtype=bfloat16"]) / scale
+    # prefetching: FSDP2's defaults, one and two layers ahead, explicitly
+    for depth in (None, 1, 2):
+        model = shard_mlp(MLP().to(device), mesh, prefetch=depth)
+        moments = LayerMoments(model, device)
+        with moments.tracker:
+            backward(model, X, y)
+        out["prefetch"]["default" if depth is None else str(depth)] = moments.by_layer()
+    # gradient sync: every micro-batch, or only the last one's (FSDP1's no_sync)
+    pieces = d2lmini.shard_slices(len(y), accum)
+    for sync in (True, False):
+        model = shard_mlp(MLP().to(device), mesh)
+        moments = LayerMoments(model, device)
+        kept = []
+        with moments.tracker:
+            for i, piece in enumerate(pieces):
+                model.set_requires_gradient_sync(sync or i == len(pieces) - 1)
+                backward(model, X[piece], y[piece])
+                kept.append(moments.read()["grads"])         # between micro-batches
+            peak = moments.tracker.get_tracker_snapshot("peak").get(device, {}).get("Total", 0)
+        out["sync"]["every micro-batch" if sync else "last micro-batch"] = {
+            "kept": kept, "peak": int(peak), "grads": grads(model)}
+    out["sync_diff"] = sh.max_abs_diff(*(out["sync"][s].pop("grads") for s in out["sync"]))
+    # initialisation: whole layers first, or on the meta device (no memory) and then the shards
+    for deferred in (False, True):
+        with MemTracker() as mt:
+            if deferred:
+                with torch.device("meta"):
+                    model = MLP(init=False)
+                shard_mlp(model, mesh)
+                model.to_empty(device=device)                 # this rank's shards, uninitialised
+                for layer in model.layers:
+                    layer.reset_parameters()                  # each initialises its own shards
+            else:
+                shard_mlp(MLP(init=False).to(device), mesh)     # whole layers, then sharded
+            peak = mt.get_tracker_snapshot("peak").get(device, {}).get("Total", 0)
+        out["init"]["meta device" if deferred else "eager"] = int(peak)
+    return out
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True)
@@ -226,6 +416,10 @@ def main(argv=None):
                                 "adam_tensors": len(adam), "held": held}
     with d2l.exact_numerics():
         result["accumulation_diff"] = accumulation(batches, args, device, world, rank)
+        X, y = batches[0]
+        part = d2lmini.shard_slices(len(y), world)[rank]
+        result["knobs"] = knobs(X[part].to(device), y[part].to(device), len(y), device, world,
+                                args.accum)
     result["peak_rss"] = sh.peak_rss_bytes()
     Path(args.out, f"rank{rank}.json").write_text(json.dumps(result))
     dist.barrier()
