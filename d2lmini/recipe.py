@@ -3,9 +3,10 @@
 Each framework has two scripts, ``<fw>_one.py`` (one device) and ``<fw>_dp.py`` (k devices),
 and the notebook shows the diff between them: only the lines that data parallelism changes.
 Everything that is the same in all eight -- the command line, the data, the training printout
-and the results file -- lives here, so the scripts hold only the framework's own code.
+and the results file -- lives here, so the scripts hold only the framework's own code.  (A
+script copied alone, without d2lmini, stands in for these with a few lines at its end.)
 
-    args = recipe.parse_args()                # --epochs --batch-size --lr --width ... --out
+    args = recipe.parse_args()                # --epochs --batch-size --lr --width --data --out
     data = recipe.load_data(args)             # Fashion-MNIST subset, NumPy arrays
     recipe.report(args, epoch, loss, test_acc, devices=k)   # the printout (+ results file)
 """
@@ -37,6 +38,8 @@ def parse_args(argv=None, knobs: tuple | None = None,
     p.add_argument("--train-samples", type=int, default=hp.train_samples)
     p.add_argument("--test-samples", type=int, default=hp.test_samples)
     p.add_argument("--seed", type=int, default=0, help="initial weights and data order")
+    p.add_argument("--data", default=None, help="the directory of the four Fashion-MNIST "
+                   "files (default: $D2LMINI_DATA, else d2lmini's search, see d2lmini.data)")
     p.add_argument("--out", default=None, help="write the results to this JSON file")
     if knobs is not None:
         chosen = knobs if default_knobs is None else default_knobs
@@ -54,7 +57,10 @@ def parse_args(argv=None, knobs: tuple | None = None,
 
 
 def load_data(args):
-    """The training and test images of ``args`` (NumPy, NCHW float32 in [0, 1])."""
+    """The training and test images of ``args`` (NumPy, NCHW float32 in [0, 1]); ``--data``
+    is read as ``$D2LMINI_DATA`` (the copied scripts take the same option)."""
+    if getattr(args, "data", None):
+        os.environ["D2LMINI_DATA"] = args.data        # where d2lmini.data looks first
     return load_fashion_mnist(args.train_samples, args.test_samples)
 
 

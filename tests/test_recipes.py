@@ -4,7 +4,9 @@ data-parallel script computes exactly what the one-device script computes -- and
 data-parallel script refuses a global batch its devices cannot split.  The fast-path script
 with no knob turned on is the one-device script too."""
 import json
+import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -84,6 +86,78 @@ def test_the_fast_script_without_knobs_is_the_one_device_script(fw, tmp_path):
 def test_a_knob_the_recipe_does_not_know_is_refused(tmp_path):
     r, out, log = run("jax", "jax_fast.py", 1, tmp_path, extra=["--knobs=donate,turbo"])
     assert r.returncode != 0 and "unknown knobs ['turbo']" in log and "donate, bf16" in log
+
+
+# ------------------------------------------------------------------ each script copied alone
+# A reader who copies one script has its framework and NumPy, not this book's package: with
+# `import d2lmini` failing in every process of the run (the launched ranks too: a sitecustomize
+# on PYTHONPATH) and the working directory outside the repository, each script still trains.
+ALONE_ARGS = ["--epochs", "1", "--batch-size", "16", "--train-samples", "32",
+              "--test-samples", "16", "--width", "4"]
+NO_D2LMINI = 'import sys\nsys.modules["d2lmini"] = None      # `import d2lmini` fails\n'
+# MXNet 1.9.1 imports under NumPy < 2 only, and this environment has NumPy 2 (for JAX): the
+# MXNet runs get d2lmini's shim, loaded from its file -- an environment's fix, not the script's.
+MXNET_SHIM = ("import importlib.util\n"
+              "spec = importlib.util.spec_from_file_location('_mxnet_compat', {path!r})\n"
+              "shim = importlib.util.module_from_spec(spec)\n"
+              "spec.loader.exec_module(shim)\nshim.install()\n")
+PRINTOUT = re.compile(r"^epoch 1: loss (\S+), test accuracy (\S+) \((\d+) devices?, ", re.M)
+
+
+def alone_env(fw, k, tmp_path):
+    """The environment of a copied script's run: no d2lmini, no D2LMINI_* but the device
+    count the MXNet script reads; k CPU devices for JAX (XLA unoptimised: compiles 4x faster)."""
+    site = tmp_path / "site"
+    site.mkdir(exist_ok=True)
+    shim = MXNET_SHIM.format(path=str(ROOT / "d2lmini" / "_mxnet_compat.py"))
+    (site / "sitecustomize.py").write_text((shim if fw == "mxnet" else "") + NO_D2LMINI)
+    env = {n: v for n, v in os.environ.items() if not n.startswith(("D2LMINI_", "PYTHON"))}
+    env.update(PYTHONPATH=str(site), OMP_NUM_THREADS="1", D2LMINI_NUM_DEVICES=str(k),
+               XLA_FLAGS=f"--xla_force_host_platform_device_count={k} "
+                         "--xla_backend_optimization_level=0")
+    return env
+
+
+def run_alone(fw, script, k, tmp_path, data_dir):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    env = alone_env(fw, k, tmp_path)
+    blocked = subprocess.run([sys.executable, "-c", "import d2lmini"], env=env, cwd=str(tmp_path),
+                             capture_output=True, text=True)
+    assert blocked.returncode != 0 and "halted" in blocked.stderr, blocked.stderr
+    r = subprocess.run(command(fw, script, k) + ALONE_ARGS + ["--data", str(data_dir)],
+                       capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=300)
+    logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "logs").glob("*")) \
+        if (tmp_path / "logs").is_dir() else ""
+    return r, r.stdout + r.stderr + logs
+
+
+@pytest.mark.parametrize("fw", FRAMEWORKS)
+def test_both_scripts_train_when_copied_alone(fw, tmp_path):
+    from d2lmini.data import find_data_dir
+    data_dir = find_data_dir()
+    for script, k in [(f"{fw}_one.py", 1), (f"{fw}_dp.py", 2)]:
+        r, log = run_alone(fw, script, k, tmp_path / script, data_dir)
+        assert r.returncode == 0, log[-3000:]
+        printout = set(PRINTOUT.findall(log))   # (Paddle's launcher repeats rank 0's log)
+        assert len(printout) == 1, log[-3000:]
+        loss, acc, devices = printout.pop()
+        assert math.isfinite(float(loss)) and 0 <= float(acc) <= 1 and int(devices) == k, log
+
+
+def test_a_copied_script_names_the_missing_data_files(tmp_path):
+    (tmp_path / "empty").mkdir()
+    r, log = run_alone("pytorch", "pytorch_one.py", 1, tmp_path, tmp_path / "empty")
+    assert r.returncode != 0
+    assert "train-images-idx3-ubyte.gz is missing" in log and "--data" in log, log[-3000:]
+
+
+def test_the_book_scripts_take_the_data_directory_too(tmp_path, monkeypatch):
+    from d2lmini import recipe
+    from d2lmini.data import DataError
+    monkeypatch.setenv("D2LMINI_DATA", str(tmp_path))    # load_data sets it: undone after
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match="D2LMINI_DATA=.*empty"):
+        recipe.load_data(recipe.parse_args(["--data", str(tmp_path / "empty")]))
 
 
 # ------------------------------------------------------------------ no host sync per step

@@ -1,20 +1,26 @@
 """The concise chapter's recipe in PyTorch: ResNet-18 on Fashion-MNIST with plain SGD, from
-d2lmini's canonical initial weights, on k processes with DistributedDataParallel.
+d2lmini's canonical initial weights, on k processes with DistributedDataParallel.  Copied alone,
+it needs PyTorch and NumPy only: PyTorch's initial weights, the data files in --data.
 
     torchrun --nproc_per_node k pytorch_dp.py [--epochs N ...]    # a GPU per process, or the CPU
 """
 import os
 import time
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-import d2lmini
-from d2lmini import recipe
-from d2lmini import torch as d2l
+try:                                      # the book's package: settings, data, initial weights
+    import d2lmini
+except ImportError:                       # this file copied alone: see its end
+    d2lmini = None
+if d2lmini:
+    from d2lmini import recipe
+    from d2lmini import torch as d2l
 
 
 def train_step(model, loss_fn, optimizer, X, y):
@@ -34,8 +40,8 @@ def evaluate(net, X, y, device, batch_size=256):
     for b in net.buffers():               # BatchNorm's running statistics: rank 0's, on all
         dist.broadcast(b, src=0)
     net.eval()
-    shard = d2lmini.shard_slices(len(y), dist.get_world_size())[dist.get_rank()]
-    X, y = X[shard], y[shard]
+    k, rank = dist.get_world_size(), dist.get_rank()
+    X, y = np.array_split(X, k)[rank], np.array_split(y, k)[rank]   # contiguous, even shards
     counts = torch.zeros(2, dtype=torch.int64, device=device)      # correct, seen
     for i in range(0, len(y), batch_size):
         y_hat = net(torch.from_numpy(X[i:i + batch_size]).to(device))
@@ -59,7 +65,8 @@ def main():
         raise ValueError(f"the global batch size {args.batch_size} is not divisible by k = {k}")
     batch_size = args.batch_size // k     # each of the k devices gets 1/k of the global batch
     net = d2l.resnet18(10, 1, width=args.width)
-    d2l.canonical_init(net, d2lmini.resnet18_init(width=args.width, seed=args.seed))
+    if d2lmini:                           # the same initial weights in every framework
+        d2l.canonical_init(net, d2lmini.resnet18_init(width=args.width, seed=args.seed))
     model = DDP(net.to(device), device_ids=[device] if gpus else None)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     loss_fn = nn.CrossEntropyLoss()
@@ -81,6 +88,73 @@ def main():
             recipe.report(args, epoch, loss, test_acc, devices=k,
                           framework=d2l.FRAMEWORK, seconds=seconds)
     dist.destroy_process_group()
+
+
+# -- This file copied alone, without the book's package d2lmini: what it takes from d2lmini. ---
+if d2lmini is None:
+    import argparse
+    import gzip
+    from types import SimpleNamespace
+
+    def parse_args():
+        """The command line; by default, 10 epochs on all of Fashion-MNIST."""
+        p = argparse.ArgumentParser(description=__doc__)
+        p.add_argument("--data", default=os.environ.get("D2LMINI_DATA", "fashion-mnist"),
+                       help="the directory of the four Fashion-MNIST files (.gz)")
+        for name, default in dict(epochs=10, batch_size=256, lr=0.1, width=64,
+                                  train_samples=60000, test_samples=10000, seed=0).items():
+            p.add_argument("--" + name.replace("_", "-"), type=type(default), default=default)
+        return p.parse_args()
+
+    def load_data(args):
+        """The first --train-samples and --test-samples of Fashion-MNIST, read from the
+        upstream files in --data: images NCHW float32 in [0, 1], labels int64."""
+        def read(name, n):
+            path = os.path.join(args.data, name)
+            if not os.path.isfile(path):
+                raise SystemExit(f"{path} is missing: download the four files of https://"
+                                 "github.com/zalandoresearch/fashion-mnist into a directory "
+                                 "and pass it as --data")
+            with gzip.open(path) as f:           # IDX: a header of 16 (images) or 8 bytes
+                raw = np.frombuffer(f.read(), np.uint8)
+            if "images" in name:
+                return raw[16:].reshape(-1, 1, 28, 28)[:n].astype(np.float32) / 255
+            return raw[8:][:n].astype(np.int64)
+        n, m = args.train_samples, args.test_samples
+        return SimpleNamespace(X_train=read("train-images-idx3-ubyte.gz", n),
+                               y_train=read("train-labels-idx1-ubyte.gz", n),
+                               X_test=read("t10k-images-idx3-ubyte.gz", m),
+                               y_test=read("t10k-labels-idx1-ubyte.gz", m))
+
+    def report(args, epoch, loss, test_acc, devices, framework, seconds):
+        print(f"epoch {epoch + 1}: loss {loss:.3f}, test accuracy {test_acc:.3f} "
+              f"({devices} device{'s' if devices != 1 else ''}, {seconds:.1f} s)", flush=True)
+
+    recipe = SimpleNamespace(parse_args=parse_args, load_data=load_data, report=report)
+
+    class Residual(nn.Module):
+        """Two 3x3 convolutions and the shortcut (a 1x1 convolution where the block strides)."""
+        def __init__(self, cin, cout, stride):
+            super().__init__()
+            self.body = nn.Sequential(
+                nn.Conv2d(cin, cout, 3, stride, padding=1), nn.BatchNorm2d(cout), nn.ReLU(),
+                nn.Conv2d(cout, cout, 3, padding=1), nn.BatchNorm2d(cout))
+            self.shortcut = nn.Conv2d(cin, cout, 1, stride) if stride > 1 else nn.Identity()
+
+        def forward(self, X):
+            return torch.relu(self.body(X) + self.shortcut(X))
+
+    def resnet18(num_classes, in_channels, width):
+        """ResNet-18 for 28x28 images (a 3x3 stem, no max-pooling), PyTorch's initial weights."""
+        c = [width] + [width * 2 ** (i // 2) for i in range(8)]   # the stem's, the 8 blocks'
+        return nn.Sequential(
+            nn.Conv2d(in_channels, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU(),
+            *[Residual(cin, cout, 2 if cout > cin else 1) for cin, cout in zip(c, c[1:])],
+            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8 * width, num_classes))
+
+    d2l = SimpleNamespace(
+        FRAMEWORK="torch", resnet18=resnet18, num_gpus=torch.cuda.device_count,
+        try_gpu=lambda: torch.device("cuda:0" if torch.cuda.is_available() else "cpu"))
 
 
 if __name__ == "__main__":
