@@ -142,17 +142,32 @@ def predictions_agree(logits_a, logits_b, margin: float = TIE_MARGIN) -> bool:
 
 
 
+# The recipe scripts end with a block that only a copy of the file without d2lmini runs (its
+# own data loader, model and command line); a diff of two recipes is about what precedes it.
+COPY_ALONE_MARKER = "# -- This file copied alone"
+
+
+def _lines_before_copy_block(text: str) -> list[str]:
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith(COPY_ALONE_MARKER):
+            return lines[:i]
+    return lines
+
+
 def unified_diff(old_path, new_path, context: int = 3) -> str:
-    """The unified diff from file ``old_path`` to file ``new_path`` (text, no trailing newline)."""
+    """The unified diff from file ``old_path`` to file ``new_path`` (text, no trailing newline),
+    each file read up to its copy-alone block (``COPY_ALONE_MARKER``), if it has one."""
     import difflib
     from pathlib import Path
     old, new = Path(old_path), Path(new_path)
     for p in (old, new):
         if not p.is_file():
             raise FileNotFoundError(f"no file {p} (run from the notebook's folder)")
-    return "\n".join(difflib.unified_diff(old.read_text().splitlines(),
-                                          new.read_text().splitlines(), fromfile=old.name,
-                                          tofile=new.name, n=context, lineterm=""))
+    return "\n".join(difflib.unified_diff(_lines_before_copy_block(old.read_text()),
+                                          _lines_before_copy_block(new.read_text()),
+                                          fromfile=old.name, tofile=new.name, n=context,
+                                          lineterm=""))
 
 
 def show_diff(old_path, new_path, context: int = 3) -> None:

@@ -364,6 +364,10 @@ def test_unified_diff_shows_only_the_changed_lines(tmp_path):
     assert changed == ["-    net = build()", "+    net = wrap(build())"]
     with pytest.raises(FileNotFoundError, match="no file"):
         d2lmini.unified_diff(a, tmp_path / "missing.py")
+    # a block only a copy of the file runs (identical or not) is left out of the diff
+    from d2lmini.utils import COPY_ALONE_MARKER
+    b.write_text(b.read_text() + f"\n{COPY_ALONE_MARKER}, without d2lmini\nextra = 1\n")
+    assert [l for l in d2lmini.unified_diff(a, b).splitlines()[2:] if l[:1] in "+-"] == changed
 
 
 def test_recipe_report_prints_the_printout_and_accumulates_the_results(tmp_path, capsys):
