@@ -366,7 +366,7 @@ def test_unified_diff_shows_only_the_changed_lines(tmp_path):
         d2lmini.unified_diff(a, tmp_path / "missing.py")
     # a block only a copy of the file runs (identical or not) is left out of the diff
     from d2lmini.utils import COPY_ALONE_MARKER
-    b.write_text(b.read_text() + f"\n{COPY_ALONE_MARKER}, without d2lmini\nextra = 1\n")
+    b.write_text(b.read_text() + f"{COPY_ALONE_MARKER}, without d2lmini\nextra = 1\n")
     assert [l for l in d2lmini.unified_diff(a, b).splitlines()[2:] if l[:1] in "+-"] == changed
 
 
