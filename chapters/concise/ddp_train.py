@@ -58,7 +58,7 @@ def setup(timeout_s: float) -> torch.device:
     else:                                 # no GPU: every rank computes on the CPU
         device, backend = torch.device("cpu"), "gloo"
     if device.type == "cuda":
-        torch.cuda.set_device(device)
+        torch.accelerator.set_device_index(device.index)   # before NCCL touches a GPU
     # A crashed peer closes its connections and gloo raises at once; the timeout covers a
     # peer that is alive but never joins the collective: the others raise after it (NCCL
     # aborts its communicator) instead of waiting forever.
@@ -127,7 +127,10 @@ def train(args, device: torch.device) -> dict:
     per_rank = args.batch_size // world
     if per_rank < 1:
         raise ValueError(f"global batch {args.batch_size} < {world} ranks")
-    loader = DataLoader(train_set, batch_size=per_rank, sampler=sampler)
+    # In-memory tensors: the main process loads them (workers would only add copies between
+    # processes); page-locked host memory lets .to(device, non_blocking=True) overlap the copy.
+    loader = DataLoader(train_set, batch_size=per_rank, sampler=sampler,
+                        pin_memory=device.type == "cuda")
 
     net = d2l.resnet18(num_classes=10, width=args.width)  # the book's shared initial weights
     d2l.canonical_init(net, d2lmini.resnet18_init(width=args.width, seed=args.seed))
