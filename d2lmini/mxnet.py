@@ -157,14 +157,22 @@ def recalibrate_batchnorm(net, batches, ctx=None) -> int:
     to every replica.  The same rule in every backend (the book's evaluation rule).  Gluon
     updates the running statistics in a training-mode forward; momentum ``i / (i + 1)`` at
     batch ``i`` turns its exponential average into the plain one.  Returns the batch count.
+
+    A hybridized ``net`` runs imperatively here, and is hybridized again afterwards, with its
+    traced graph kept: the graph holds the momentum it was traced with, while an imperative
+    ``nn.BatchNorm`` passes its ``_kwargs`` (the momentum set here) to the operator at every
+    call.
     """
     from mxnet import autograd
-    layers = []
+    layers, hybridized = [], []
     net.apply(lambda b: layers.append(b) if isinstance(b, nn.BatchNorm) else None)
+    net.apply(lambda b: hybridized.append(b) if getattr(b, "_active", False) else None)
     if ctx is None:
         ctx = next(iter(net.collect_params().values())).list_ctx()[0]
     momenta = [bn._kwargs["momentum"] for bn in layers]
     count = 0
+    for b in hybridized:
+        b._active = False                              # imperative for the calibration
     try:
         for i, (X, _) in enumerate(batches):
             for bn in layers:
@@ -176,6 +184,8 @@ def recalibrate_batchnorm(net, batches, ctx=None) -> int:
     finally:
         for bn, m in zip(layers, momenta):
             bn._kwargs["momentum"] = m
+        for b in hybridized:
+            b._active = True                           # the traced graph is used again
     for bn in layers:
         for stat in (bn.running_mean, bn.running_var):
             stat.set_data(stat.data(ctx))              # the same values on every replica

@@ -6,9 +6,10 @@ collective backend is chosen by Paddle: NCCL when the ranks own GPUs, gloo on CP
 
 Three ways to run it (the chapter's notebook uses all three):
 
-    # one process per device, started by Paddle's launcher (rendezvous on port PORT)
-    python -m paddle.distributed.launch --nproc_per_node 2 --ips 127.0.0.1 \\
-        --start_port PORT --log_dir LOGS paddle_train.py --out DIR [options]
+    # one process per device, started by Paddle's launcher on this node (it picks the
+    # rendezvous port; several nodes add --master IP:PORT --nnodes N, GPUs --devices 0,1,...)
+    python -m paddle.distributed.launch --nnodes 1 --nproc_per_node 2 --log_dir LOGS \\
+        paddle_train.py --out DIR [options]
     # the same, started from this file by paddle.distributed.spawn
     python paddle_train.py --launcher spawn --nprocs 2 --port PORT --out DIR [options]
     # one process, one device, no collective at all
@@ -16,7 +17,8 @@ Three ways to run it (the chapter's notebook uses all three):
 
 Every rank writes ``DIR/rank{r}.json``: its per-step losses, epoch times, the test accuracy
 and SHA-256 checksums of its parameters.  ``--save PATH`` makes rank 0 write a
-device-independent checkpoint.  Hyper-parameters default to the d2lmini profile
+device-independent checkpoint; ``--save_dist DIR`` makes all ranks write a distributed one
+(``paddle.distributed.save_state_dict``), which loads at any number of ranks.  Hyper-parameters default to the d2lmini profile
 (``D2LMINI_PROFILE``).  The model starts from the book's shared initial weights
 (``d2lmini.resnet18_init``) and is evaluated by the book's BatchNorm rule
 (``d2l.recalibrate_batchnorm``).  What is not the lesson -- the chapter's "k devices == 1
@@ -58,6 +60,8 @@ def parse_args(argv=None, parser=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sync_bn", action="store_true", help="cross-device BatchNorm")
     p.add_argument("--save", default=None, help="rank 0 saves a checkpoint to this path")
+    p.add_argument("--save_dist", default=None,
+                   help="all ranks save a distributed checkpoint into this directory")
     p.add_argument("--bn_batches", type=int, default=5, help="whole batches to re-estimate "
                    "BatchNorm's statistics on before each evaluation (0: keep them)")
     p.add_argument("--launcher", choices=["none", "spawn"], default="none",
@@ -176,6 +180,13 @@ def save_checkpoint(net, path):
     paddle.save({name: t.numpy() for name, t in net.state_dict().items()}, path)
 
 
+def save_distributed(net, path):
+    """Every rank calls it (a collective).  Each tensor is written once, by one of the ranks
+    that hold it, into that rank's file; ``path/0.metadata`` records which file holds which
+    piece of which tensor, so ``dist.load_state_dict`` can load it at any number of ranks."""
+    dist.save_state_dict(net.state_dict(), path)
+
+
 # --- The whole run ------------------------------------------------------------------------
 
 def load_data(args):
@@ -229,6 +240,8 @@ def train(args):
         with paddle.no_grad():          # reference predictions for the notebook
             logits = net(paddle.to_tensor(data.X_test[:64])).numpy()
         np.save(os.path.splitext(args.save)[0] + "_logits.npy", logits)
+    if args.save_dist:
+        save_distributed(net, args.save_dist)
     write_json(args.out, rank, log)
 
 
