@@ -920,3 +920,14 @@ def test_hierarchy_rows_gpt2_xl():
                for n in (1, 2, 16))
     table = cc.hierarchy_table(rows)
     assert table.count("\n") == 4 and "| 16 (128) |" in table
+
+
+def test_the_allreduce_table_prices_every_model_link_and_count_with_nccls_model():
+    grads = {"small": 4096.0, "large": 44.7e6}
+    rows = cc.allreduce_table(grads).splitlines()
+    assert len(rows) == 2 + len(grads) * len(cc.LINKS)
+    link_name, link = next(iter(cc.LINKS.items()))
+    cells = [c.strip() for c in rows[2 + len(cc.LINKS)].split("|")[1:-1]]     # "large", 1st link
+    assert cells[:2] == ["large", link_name]
+    assert cells[4] == cc.fmt_seconds(cc.collective_time("all-reduce", 44.7e6, 8, link))
+    assert cells[5] == cc.nccl_protocol("all-reduce", 44.7e6, 8, link)

@@ -48,7 +48,7 @@ from .workload import (LENET_SHAPES, Gpu, GPUS, gradient_bytes, lenet_flops, res
 from .measured import (BENCHMARKS, H100_RUN, H100_RESNET18, H100_MODEL, BenchmarkRecordError,
                        MeasuredStep, load_step, H200_RUN, H200_SHAPES, LINEAR_LABEL, StepTime,
                        load_step_shape, resnet18_step_times, step_table)
-from .predict import (DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES, layer_buckets, bucket_sizes,
+from .predict import (allreduce_table, DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES, layer_buckets, bucket_sizes,
                       predict_step, bucket_timeline, MIN_PER_GPU_BATCH, device_limit,
                       best_speedup, critical_batch, speedup_rows, speedup_table)
 from .roofline import (comm_seconds, roofline_batch, layer_batches, threshold_rows,
@@ -61,7 +61,7 @@ from .records import record, report, table
 from .plots import plot_overlap_timeline, plot_roofline, plot_speedups, plot_fits
 from .worker import add_worker_arguments, rank_sweep
 
-__all__ = ["SCHEMES", "coefficients", "model_time", "Fit", "fit", "crossover",
+__all__ = ["allreduce_table", "SCHEMES", "coefficients", "model_time", "Fit", "fit", "crossover",
            "algorithm_bandwidth", "bus_bandwidth", "bandwidths", "summarize", "time_call",
            "time_interleaved", "page_faults", "time_and_faults", "message_sizes", "device_counts", "sweep", "fit_rows",
            "fit_per_k", "regime_size", "moved_bytes", "per_byte_moved", "sig", "fmt_bytes",

@@ -9,7 +9,8 @@ from typing import Iterable
 
 from .formatting import fmt_seconds, sig
 from .measured import StepTime
-from .nccl import Link, collective_time, nccl_protocol
+from .alphabeta import algorithm_bandwidth, bus_bandwidth
+from .nccl import LINKS, Link, collective_time, nccl_protocol
 
 
 # PyTorch DDP's default bucket: bucket_cap_mb=25 (MiB).  Paddle's DataParallel also
@@ -215,4 +216,21 @@ def speedup_table(rows: list[dict], k: int) -> str:
         lines.append(f"| {r['step'].removeprefix('measured, ')} | {r['link']} | {fmt_seconds(a['compute_s'])} | "
                      f"{fmt_seconds(a['comm_s'])} ({a['protocol']}) | {fmt_seconds(o['exposed_s'])} | "
                      f"{sig(a['speedup'])}x | {sig(o['speedup'])}x |")
+    return "\n".join(lines)
+
+
+def allreduce_table(grad_bytes: dict[str, float], links: dict[str, Link] = LINKS,
+                    counts: tuple[int, ...] = (2, 4, 8)) -> str:
+    """NCCL's all-reduce of each model's gradient (``{model: bytes}``) on every link and device
+    count (:func:`collective_time`: the link's published bandwidth, NCCL's latencies, the
+    fastest protocol), with the protocol and the bus bandwidth at the largest count."""
+    k = counts[-1]
+    lines = ["| model | link | " + " | ".join(f"k={j}" for j in counts)
+             + f" | protocol at k={k} | busbw at k={k} |", "|---" * (len(counts) + 4) + "|"]
+    for model, n in grad_bytes.items():
+        for name, link in links.items():
+            t = [collective_time("all-reduce", n, j, link) for j in counts]
+            lines.append(f"| {model} | {name} | " + " | ".join(fmt_seconds(x) for x in t)
+                         + f" | {nccl_protocol('all-reduce', n, k, link)} | "
+                         + f"{sig(bus_bandwidth(algorithm_bandwidth(n, t[-1]), k) / 1e9)} GB/s |")
     return "\n".join(lines)
