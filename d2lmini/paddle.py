@@ -127,7 +127,7 @@ if exact_everywhere() and paddle.device.is_compiled_with_cuda():
     _gpu_flags(_EXACT)
     _tf32(False, False)
 SIMULATED_NOTE = ("Paddle has one CPU place (CPUPlace takes no index): the simulated devices "
-                  "are stand-ins, CPUPlace() repeated; each holds its own tensors.")
+                  "are CPUPlace() repeated; each holds its own tensors.")
 
 
 def num_gpus() -> int:

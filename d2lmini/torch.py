@@ -62,7 +62,7 @@ def exact_numerics():
 
 if exact_everywhere():
     _set_flags(_EXACT)
-SIMULATED_NOTE = ("PyTorch has one CPU device: the simulated devices are stand-ins, "
+SIMULATED_NOTE = ("PyTorch has one CPU device: the simulated devices are "
                   "torch.device('cpu') repeated; each holds its own tensors.")
 
 
