@@ -400,3 +400,24 @@ def test_the_results_page_shows_the_runs_the_chapters_show(chapter):
         assert recorded[fw] == printed[fw], (
             f"{chapter}, {fw}: recorded but not printed {sorted(recorded[fw] - printed[fw])}; "
             f"printed but not recorded {sorted(printed[fw] - recorded[fw])}")
+
+
+HARNESS_WORDS = re.compile(r"\b(smoke|stand-ins?|profiles?)\b", re.I)
+
+
+def test_the_harness_words_stay_in_the_running_section():
+    """"smoke", "profile" and "stand-in" are the harness's words: the prose a reader sees
+    says "the quick regression runs", "the CPU settings", "simulated devices" instead, except
+    in the introduction's *Running the book* section, which defines them."""
+    pb = _prose_budget()
+    found = []
+    for page in pb.pages():
+        text = pb.page_markdown(page)
+        if page.name == "intro.md":
+            start = text.index("## Running the book")
+            end = text.index("\n## ", start + 1)
+            text = text[:start] + text[end:]
+        for line in text.splitlines():
+            if HARNESS_WORDS.search(line):
+                found.append(f"{page.relative_to(ROOT)}: {line.strip()[:100]}")
+    assert not found, "harness words in the reader's prose:\n" + "\n".join(found)
