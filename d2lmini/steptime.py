@@ -27,6 +27,8 @@ import statistics
 import time
 from typing import Callable, Iterable, Sequence
 
+from .tables import NAMES
+
 __all__ = ["STEP", "EPOCH", "StepTiming", "time_steps", "time_epoch", "StepFit",
            "fit_step_time", "mfu", "predicted_speedup", "plot_step_fits", "ladder",
            "step_shape", "ladder_table", "plot_ladder", "same_accuracy", "PROBE_RUNGS", "gpu_ladders", "gpu_ladder_table", "plot_gpu_ladders"]
@@ -340,7 +342,6 @@ def gpu_ladders(run_dir, batch: int = 256) -> list[dict]:
     return rows
 
 
-NAMES = {"torch": "PyTorch", "jax": "JAX", "paddle": "Paddle", "mxnet": "MXNet"}
 
 
 def gpu_ladder_table(rows: Sequence[dict]) -> str:
