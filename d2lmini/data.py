@@ -104,15 +104,17 @@ def _download(directory: Path) -> None:
         os.replace(tmp.name, target)
 
 
-def find_data_dir(download: bool = True) -> Path:
-    """The first directory that holds all four files (see the module docstring)."""
-    explicit = os.environ.get("D2LMINI_DATA")
+def find_data_dir(download: bool = True, data_dir=None) -> Path:
+    """The first directory that holds all four files (see the module docstring); ``data_dir``,
+    when given, is the only one looked at, as ``$D2LMINI_DATA`` is."""
+    explicit = data_dir or os.environ.get("D2LMINI_DATA")
+    where = f"D2LMINI_DATA={explicit}" + (" (here from --data)" if data_dir else "")
     if explicit:
         d = Path(explicit)
         missing = _missing(d)
         if missing:
             raise DataError(
-                f"D2LMINI_DATA={explicit} but these Fashion-MNIST files are not there: "
+                f"{where} but these Fashion-MNIST files are not there: "
                 f"{', '.join(missing)}.\nPut the upstream files "
                 f"({', '.join(FILENAMES)}) there, or unset D2LMINI_DATA to use the cache, "
                 f"Debian's package or a download.")
@@ -225,9 +227,10 @@ def _subset(X: np.ndarray, y: np.ndarray, n: int | None, seed: int):
 
 
 def load_fashion_mnist(train_samples: int | None = None, test_samples: int | None = None,
-                       seed: int = 0) -> FashionMNIST:
-    """Load (and verify) Fashion-MNIST; optionally a fixed random subset of each split."""
-    d = find_data_dir()
+                       seed: int = 0, data_dir=None) -> FashionMNIST:
+    """Load (and verify) Fashion-MNIST; optionally a fixed random subset of each split.
+    ``data_dir``: the directory of the four files (default: :func:`find_data_dir`'s search)."""
+    d = find_data_dir(data_dir=data_dir)
     Xtr, ytr, Xte, yte = _load_full(str(d.resolve()))
     Xtr, ytr = _subset(Xtr, ytr, train_samples, seed)
     Xte, yte = _subset(Xte, yte, test_samples, seed + 1)

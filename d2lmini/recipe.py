@@ -58,10 +58,9 @@ def parse_args(argv=None, knobs: tuple | None = None,
 
 def load_data(args):
     """The training and test images of ``args`` (NumPy, NCHW float32 in [0, 1]); ``--data``
-    is read as ``$D2LMINI_DATA`` (the copied scripts take the same option)."""
-    if getattr(args, "data", None):
-        os.environ["D2LMINI_DATA"] = args.data        # where d2lmini.data looks first
-    return load_fashion_mnist(args.train_samples, args.test_samples)
+    names their directory (the copied scripts take the same option)."""
+    return load_fashion_mnist(args.train_samples, args.test_samples,
+                              data_dir=getattr(args, "data", None))
 
 
 def report(args, epoch: int, loss: float, test_acc: float, devices: int,

@@ -154,7 +154,7 @@ def test_a_copied_script_names_the_missing_data_files(tmp_path):
 def test_the_book_scripts_take_the_data_directory_too(tmp_path, monkeypatch):
     from d2lmini import recipe
     from d2lmini.data import DataError
-    monkeypatch.setenv("D2LMINI_DATA", str(tmp_path))    # load_data sets it: undone after
+    monkeypatch.delenv("D2LMINI_DATA", raising=False)    # --data alone names the directory
     (tmp_path / "empty").mkdir()
     with pytest.raises(DataError, match="D2LMINI_DATA=.*empty"):
         recipe.load_data(recipe.parse_args(["--data", str(tmp_path / "empty")]))
