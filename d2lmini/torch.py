@@ -26,14 +26,18 @@ FRAMEWORK = "torch"
 # autotuned, non-deterministic cuDNN kernels.  The values exact_numerics() sets.  TF32 is set
 # with the current API, ``fp32_precision = "ieee"`` (torch >= 2.9), where it exists: PyTorch
 # raises on a read of the legacy ``allow_tf32`` flags once a program has set the new ones, so
-# the legacy flags would break a reader's program that uses the new API.
+# the legacy flags would break a reader's program that uses the new API.  _TF32_FLAGS: the
+# switch of each operation; _TF32_VALUES: its values for TF32 off and on.
 if hasattr(torch.backends.cudnn, "conv"):
-    _TF32_OFF = {(torch.backends.cuda.matmul, "fp32_precision"): "ieee",
-                 (torch.backends.cudnn.conv, "fp32_precision"): "ieee",
-                 (torch.backends.cudnn.rnn, "fp32_precision"): "ieee"}
+    _TF32_FLAGS = {"matmul": (torch.backends.cuda.matmul, "fp32_precision"),
+                   "conv": (torch.backends.cudnn.conv, "fp32_precision"),
+                   "rnn": (torch.backends.cudnn.rnn, "fp32_precision")}
+    _TF32_VALUES = ("ieee", "tf32")
 else:                                                         # legacy: torch < 2.9
-    _TF32_OFF = {(torch.backends.cuda.matmul, "allow_tf32"): False,
-                 (torch.backends.cudnn, "allow_tf32"): False}
+    _TF32_FLAGS = {"matmul": (torch.backends.cuda.matmul, "allow_tf32"),
+                   "conv": (torch.backends.cudnn, "allow_tf32")}
+    _TF32_VALUES = (False, True)
+_TF32_OFF = {flag: _TF32_VALUES[False] for flag in _TF32_FLAGS.values()}
 _EXACT = {**_TF32_OFF,
           (torch.backends.cudnn, "deterministic"): True,
           (torch.backends.cudnn, "benchmark"): False}
@@ -47,17 +51,37 @@ def _set_flags(values: dict) -> dict:
 
 
 @contextlib.contextmanager
+def _flags(values: dict):
+    """Within the block, the flags ``values`` sets; their values before it come back after."""
+    old = _set_flags(values)
+    try:
+        yield
+    finally:
+        _set_flags(old)
+
+
 def exact_numerics():
     """Within the block, full float32 on GPUs (no TF32) and deterministic cuDNN kernels, so
     that proofs hold to float32 (or float64) precision and repeated runs are bit-identical;
     PyTorch's own settings come back afterwards.  Training and timing run outside such blocks,
     with PyTorch's defaults (``D2LMINI_EXACT=1`` makes the whole process exact).  No effect on
     the CPU."""
-    old = _set_flags(_EXACT)
-    try:
-        yield
-    finally:
-        _set_flags(old)
+    return _flags(_EXACT)
+
+
+def tf32_allowed(op: str = "matmul") -> bool:
+    """Whether float32 ``op`` (``"matmul"``: matrix products; ``"conv"``: cuDNN convolutions)
+    may use TF32 on GPUs now, read with the API :func:`exact_numerics` sets (PyTorch's getter
+    resolves a ``"none"`` to the level above; ``"none"`` at the top is full float32)."""
+    return getattr(*_TF32_FLAGS[op]) == _TF32_VALUES[True]
+
+
+def allow_tf32(op: str = "matmul", allow: bool = True):
+    """Within the block, float32 ``op`` (as in :func:`tf32_allowed`) may use TF32 on GPUs
+    (``allow``) or not; PyTorch's own setting comes back afterwards.  Set with the API
+    :func:`exact_numerics` uses, so it does not raise in a program that has set the current one.
+    No effect on the CPU."""
+    return _flags({_TF32_FLAGS[op]: _TF32_VALUES[bool(allow)]})
 
 
 if exact_everywhere():

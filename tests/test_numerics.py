@@ -1,6 +1,7 @@
 """Exact numerics are scoped: each backend's ``exact_numerics()`` block switches TF32 and
 autotuned kernels off for the block only and restores the framework's own settings after it
-(also when the block raises); ``D2LMINI_EXACT=1`` makes the whole process exact.
+(also when the block raises); ``D2LMINI_EXACT=1`` makes the whole process exact.  The
+benchmarks' TF32 switch for their matrix-product peaks is scoped the same way.
 
 The flags are read in a fresh interpreter per framework, so the import-time arrangements are
 the real ones.  On the CPU the flags exist and are honoured by the GPU code paths only; the
@@ -111,3 +112,47 @@ def test_exact_block_works_with_either_tf32_api_of_the_readers_program(api):
     assert r.returncode == 0, r.stdout + r.stderr
     before, inside, after = json.loads(r.stdout.split("PROBE-JSON ")[-1])
     assert inside == ["ieee", "ieee"] and after == before and before in (["tf32"] * 2, [True] * 2)
+
+
+# The benchmarks time their float32 peak with TF32 switched for the product (tools/step_bench.py:
+# allowed; tools/benchmark.py: as the convolutions have it, off on the CPU) through
+# d2lmini.torch.allow_tf32, so that a program that set either API neither raises nor loses its
+# own setting.  best_rate is wrapped to see the flag while a tool's product is timed (not
+# NumPy's, which the CPU's ceiling also times).
+TOOLS = """
+import importlib.util, json, sys, torch
+from d2lmini import bench
+def load(name):
+    spec = importlib.util.spec_from_file_location(name, f"{tools}/{name}.py")
+    mod = sys.modules[name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+seen, timed = [], bench.best_rate
+def best_rate(*a, **kw):
+    if sys._getframe(1).f_globals["__name__"] in ("step_bench", "benchmark"):
+        seen.append(torch.backends.cuda.matmul.fp32_precision)
+    return timed(*a, **kw)
+bench.best_rate = best_rate
+before = mine()
+load("step_bench").Torch(None, True).peaks(64)
+after_step_bench = mine()
+b = load("benchmark")
+b.MATMUL_N["cpu"] = 64
+b.TorchAdapter().peak(["cpu"])
+print("PROBE-JSON " + json.dumps([before, seen, after_step_bench, mine()]))
+"""
+
+
+@pytest.mark.parametrize("api", sorted(READER))
+def test_benchmarks_switch_tf32_for_their_peak_and_restore_it(api):
+    tools = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools")
+    code = "import torch\n" + READER[api] + TOOLS.replace("{tools}", tools)
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", D2LMINI_NUM_DEVICES="1")
+    env.pop("D2LMINI_EXACT", None)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    before, seen, after_step_bench, after = json.loads(r.stdout.split("PROBE-JSON ")[-1])
+    # step_bench: TF32 for the float32 product, the program's own for bf16; benchmark: off
+    assert seen == ["tf32", "tf32", "ieee"]
+    assert after_step_bench == after == before and before in (["tf32"] * 2, [True] * 2)

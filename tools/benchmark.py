@@ -213,28 +213,23 @@ class TorchAdapter(Adapter):
                 self.torch.cuda.synchronize(d)
 
     def peak(self, names) -> tuple[float, str]:
-        from d2lmini import bench
+        from d2lmini import bench, torch as d2l
         torch = self.torch
         devs = [torch.device(n) for n in self.distinct(names)]
         gpu = devs[0].type == "cuda"
         n = MATMUL_N["gpu" if gpu else "cpu"]
         g = torch.Generator().manual_seed(0)
         mats = [torch.randn(n, n, generator=g).to(d) for d in devs]
-        mm = torch.backends.cuda.matmul
-        old = mm.allow_tf32
         # PyTorch's defaults: TF32 for cuDNN convolutions, full float32 for matrix products.
         # The model's FLOP are convolutions, so its ceiling is the product under their setting.
-        tf32 = gpu and (old or torch.backends.cudnn.allow_tf32)
-        try:
-            mm.allow_tf32 = tf32 if gpu else old
+        tf32 = gpu and (d2l.tf32_allowed("matmul") or d2l.tf32_allowed("conv"))
 
-            def run():
-                for a in mats:
-                    a @ a
-                self.block(mats)
+        def run():
+            for a in mats:
+                a @ a
+            self.block(mats)
+        with d2l.allow_tf32("matmul", tf32):
             rate = bench.best_rate(run, 2 * n ** 3 * len(mats), calls=10 if gpu else 1)
-        finally:
-            mm.allow_tf32 = old
         prec = ("no TF32 on the CPU" if not gpu else "TF32 allowed, as PyTorch allows it for "
                 "convolutions by default" if tf32 else "full float32 (TF32 off)")
         how = f"torch float32 matmul {n}x{n} on {', '.join(map(str, devs))} ({prec})"

@@ -76,12 +76,8 @@ class Torch:
         a32 = torch.randn(n, n, device=self.device)
         a16 = a32.to(torch.bfloat16)
         from d2lmini.bench import best_rate, numpy_matmul_rate
-        old = torch.backends.cuda.matmul.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = True
-        try:
+        with self.d2l.allow_tf32("matmul"):     # TF32 allowed for the float32 peak
             tf32 = best_rate(lambda: (a32 @ a32, self.wait(None)), 2.0 * n ** 3)
-        finally:
-            torch.backends.cuda.matmul.allow_tf32 = old
         bf16 = best_rate(lambda: (a16 @ a16, self.wait(None)), 2.0 * n ** 3)
         if not self.on_gpu:                      # the CPU's ceiling: also NumPy's BLAS
             tf32 = max(tf32, numpy_matmul_rate(n))

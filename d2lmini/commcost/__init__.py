@@ -11,7 +11,7 @@ collective to time), one module per job; every name is also here, ``commcost.<na
 - ``nccl``: NCCL's own cost model (src/graph/tuning.cc) over published ``LINKS``:
   ``collective_time`` and the algorithm and protocol NCCL picks;
 - ``workload``: the book's models' FLOPs and gradient bytes (ResNet-18's and GPT-2's layer by
-  layer), GPUs' peak rates (FP32, TF32, bfloat16);
+  layer; ``gpt2_units``, GPT-2's FSDP units), GPUs' peak rates (FP32, TF32, bfloat16);
 - ``measured``: one GPU's step read from the benchmark records (``load_step``,
   ``load_step_shape``: ``T(B) = T0 + B t``; ``StepTime``, ``resnet18_step_times``);
 - ``predict``: ``predict_step`` on k GPUs, after backward or overlapped in DDP's buckets
@@ -44,7 +44,8 @@ from .nccl import (PROTOCOLS, NCCL_VERSION_READ, NCCL_SOURCE, NCCL_BASE_LATENCY_
                    tree_bandwidth, collective_time, nccl_choice, nccl_protocol, NODE_GPUS,
                    LINKS)
 from .workload import (LENET_SHAPES, Gpu, GPUS, gradient_bytes, lenet_flops, resnet18_flops,
-                       resnet18_layer_costs, gpt2_layer_costs, ASSUMED_UTILIZATION, compute_time)
+                       resnet18_layer_costs, gpt2_units, gpt2_layer_costs, ASSUMED_UTILIZATION,
+                       compute_time)
 from .measured import (BENCHMARKS, H100_RUN, H100_RESNET18, H100_MODEL, BenchmarkRecordError,
                        MeasuredStep, load_step, H200_RUN, H200_SHAPES, LINEAR_LABEL, StepTime,
                        load_step_shape, resnet18_step_times, step_table)
@@ -79,7 +80,8 @@ __all__ = ["allreduce_table", "SCHEMES", "coefficients", "model_time", "Fit", "f
            "BENCHMARKS", "H100_RUN", "H100_RESNET18", "H100_MODEL", "BenchmarkRecordError",
            "MeasuredStep", "load_step", "StepTime", "resnet18_step_times", "step_table",
            "H200_RUN", "H200_SHAPES", "LINEAR_LABEL", "load_step_shape",
-           "speedup_rows", "speedup_table", "plot_speedups", "gpt2_layer_costs",
+           "speedup_rows", "speedup_table", "plot_speedups", "gpt2_units",
+           "gpt2_layer_costs",
            "comm_seconds", "roofline_batch", "layer_batches", "threshold_rows", "threshold_table",
            "plot_compute_bound", "Cluster", "H100_CLUSTER", "cluster_latency", "cluster_time",
            "cluster_choice", "HIERARCHY_SCHEMES", "hierarchy_collectives", "hierarchy_step",

@@ -108,16 +108,26 @@ def compute_time(forward_flops: float, batch: int, gpu: Gpu, utilization: float)
     return 3.0 * forward_flops * batch / (gpu.fp32_flops * utilization)
 
 
+def gpt2_units(layers: int = 48, width: int = 1600, vocab: int = 50257,
+               context: int = 1024) -> list[int]:
+    """Parameters of GPT-2's FSDP units, one per transformer block plus the root (Radford et al.
+    2019; defaults: GPT-2 XL, 1,557,611,200 parameters): the root holds the token and position
+    embeddings (the output layer shares the token embedding) and the final LayerNorm; a block
+    holds 12 width^2 weights (attention's qkv and output, the MLP's two matrices), their biases
+    (9 width) and two LayerNorms (4 width)."""
+    root = (vocab + context) * width + 2 * width
+    return [root] + [12 * width * width + 13 * width] * layers
+
+
 def gpt2_layer_costs(layers: int = 48, width: int = 1600, vocab: int = 50257,
                      context: int = 1024, itemsize: int = 2) -> list[dict]:
     """GPT-2's FSDP units (defaults: GPT-2 XL), in forward order, as
     :func:`resnet18_layer_costs` gives ResNet-18's: ``{"name", "grad_bytes" (its parameters,
     ``itemsize`` bytes each: bfloat16), "flops" (forward, one token)}``.  Parameters from
-    :func:`d2lmini.sharding.gpt2_units`; FLOPs as Kaplan et al. (2020, Table 1) count them: a
+    :func:`gpt2_units`; FLOPs as Kaplan et al. (2020, Table 1) count them: a
     block 2 per weight (12 width^2) plus its attention, 2 context x width; the root (token and
     position embeddings, final LayerNorm) the output layer, which shares the token embedding:
     2 width x vocab."""
-    from ..sharding import gpt2_units
     units = gpt2_units(layers, width, vocab, context)
     block = 2.0 * 12 * width * width + 2.0 * context * width
     return ([{"name": "embedding", "grad_bytes": units[0] * itemsize, "flops": 2.0 * width * vocab}]
