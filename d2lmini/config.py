@@ -244,6 +244,10 @@ def get_profile(name: str | None = None) -> Profile:
 #: ask for all of them; simulated CPU devices stop here.
 MAX_DEVICES = 8
 
+#: The simulated device count of every output stored in the book (the intro says so):
+#: ``tools/execute_notebooks.py`` uses it under the cpu profile unless told otherwise.
+STORED_DEVICES = MAX_DEVICES
+
 
 def requested_devices() -> int | None:
     """``$D2LMINI_NUM_DEVICES`` as an integer from 1 to :data:`MAX_DEVICES` (or to the number of

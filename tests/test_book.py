@@ -66,6 +66,47 @@ def test_every_notebook_carries_its_executed_outputs():
     assert not problems, "\n".join(problems)
 
 
+DEVICE_ENTRY = re.compile(r"device\(type=|CpuDevice\(id=|\bcpu\(\d+\)|Place\(cpu\)")
+
+
+def stored_run(cells) -> tuple[str | None, int | None]:
+    """(profile, device count) that a notebook's setup cell printed when its outputs were
+    stored: the first output line naming a profile (``cpu: ...``) and the first list of
+    devices after it."""
+    profile = count = None
+    for c in cells:
+        if c["cell_type"] != "code":
+            continue
+        for line in "".join("".join(o.get("text", "")) for o in c.get("outputs", [])).splitlines():
+            m = re.match(r"(smoke|cpu|gpu): ", line)
+            if profile is None and m:
+                profile = m.group(1)
+            elif profile and count is None and line.startswith("[") and DEVICE_ENTRY.search(line):
+                count = len(DEVICE_ENTRY.findall(line))
+        if profile and count:
+            break
+    return profile, count
+
+
+def test_every_notebook_stores_one_run_of_the_same_settings():
+    """All pages agree: every notebook's stored outputs come from the CPU settings with the
+    same number of simulated devices, the one the introduction names (Cost and Memory's
+    tables need every count up to 8, so 8 it is). The results page prints records, not a run."""
+    from d2lmini.config import STORED_DEVICES
+    intro = (ROOT / "intro.md").read_text()
+    assert f"D2LMINI_NUM_DEVICES={STORED_DEVICES}" in intro, "the intro names the stored count"
+    problems = []
+    for f in toc_files():
+        src = ROOT / f"{f}.ipynb"
+        if not src.is_file() or f == "chapters/comparison/results":
+            continue
+        got = stored_run(json.loads(src.read_text())["cells"])
+        if got != ("cpu", STORED_DEVICES):
+            problems.append(f"{f}: stored with (profile, devices) = {got} (re-run: "
+                            f"D2LMINI_PROFILE=cpu D2LMINI_NUM_DEVICES={STORED_DEVICES} "
+                            f"python tools/execute_notebooks.py {f}.ipynb)")
+    assert not problems, "\n".join(problems)
+
 def test_cell_ids_are_unique():
     """nbformat silently renames a repeated cell id when it loads a notebook, so a copied
     cell would get a new id at every execution; ids must be unique in the stored file."""
@@ -401,6 +442,30 @@ def test_the_results_page_shows_the_runs_the_chapters_show(chapter):
             f"{chapter}, {fw}: recorded but not printed {sorted(recorded[fw] - printed[fw])}; "
             f"printed but not recorded {sorted(printed[fw] - recorded[fw])}")
 
+
+
+def test_the_results_page_fits_are_the_ones_the_communication_pages_print():
+    """The Measured Results page's alpha-beta table comes from ``chapters/comm/results.json``:
+    one record a framework, from the stored run (all device counts up to 8), whose every fit --
+    per device count and over all counts -- is a line the framework's notebook prints."""
+    from d2lmini import tables
+    from d2lmini.commcost import Fit, report
+    from d2lmini.config import STORED_DEVICES
+    records = tables.comm_records(ROOT)
+    assert sorted(r["framework"] for r in records) == sorted(NOTEBOOK_OF), \
+        f"one record a framework, got {[(r['framework'], r['devices']) for r in records]}"
+    for r in records:
+        nb = json.loads((ROOT / "chapters" / "comm" / f"{NOTEBOOK_OF[r['framework']]}.ipynb")
+                        .read_text())
+        text = "\n".join("".join(o.get("text", "")) for c in nb["cells"] if c["cell_type"] == "code"
+                         for o in c.get("outputs", []))
+        assert r["devices"] == STORED_DEVICES, f"comm, {r['framework']}: a k = {r['devices']} record"
+        lines = [report("  all k, one fit", Fit(**f)) for f in r["fits"].values()]
+        lines += [report(f"  k = {j}", Fit(**f)) for per_k in r["fits_per_k"].values()
+                  for j, f in per_k.items()]
+        missing = [line.strip() for line in lines if line not in text]
+        assert not missing, (f"comm/{NOTEBOOK_OF[r['framework']]}.ipynb does not print the fits "
+                             f"recorded in chapters/comm/results.json: {missing[:3]}")
 
 HARNESS_WORDS = re.compile(r"\b(smoke|stand-ins?|profiles?)\b", re.I)
 

@@ -4,8 +4,13 @@
     python tools/execute_notebooks.py chapters/devices/jax.ipynb  # one notebook
 
 The profile is whatever D2LMINI_PROFILE says (default: cpu without GPUs, gpu with them).
+The book stores every notebook's outputs from the cpu profile with 8 simulated devices
+(``d2lmini.config.STORED_DEVICES``; the intro says so and tests/test_book.py holds every page to
+it): without GPUs, an unset D2LMINI_NUM_DEVICES means that count here, not the lessons' 2.
 Each notebook runs in a fresh kernel of this interpreter, from its own directory.
 """
+import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -25,6 +30,13 @@ def execute(path: Path, timeout: int = 1800) -> float:
 
 
 def main(args):
+    if "D2LMINI_NUM_DEVICES" not in os.environ and shutil.which("nvidia-smi") is None \
+            and os.environ.get("D2LMINI_PROFILE", "cpu") == "cpu":
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from d2lmini.config import STORED_DEVICES
+        os.environ["D2LMINI_NUM_DEVICES"] = str(STORED_DEVICES)
+        print(f"D2LMINI_NUM_DEVICES={STORED_DEVICES}: the device count of the stored outputs",
+              flush=True)
     paths = []
     for a in args or ["chapters"]:
         p = Path(a)
