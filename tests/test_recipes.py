@@ -214,3 +214,32 @@ def test_the_sync_check_finds_a_per_step_item():
                                    "the loop at line 4: float() at line 5"]
     assert per_step_syncs("def main():\n    for X in data:\n        train_step(m, X)\n"
                           "    print(float(x))\n") == []
+
+
+# A script copied alone must carry what it takes from d2lmini, so the copy-alone block is
+# written once per file by design. These twins are held equal here instead: a fix made in one
+# copy and not the others fails.
+def _alone_functions(path: Path) -> tuple[str, dict]:
+    """(the copy-alone block's text, {function name: source}) of one recipe script."""
+    import ast
+    from d2lmini.utils import COPY_ALONE_MARKER
+    text = path.read_text()
+    start = text.index(COPY_ALONE_MARKER)
+    first_line = text[:start].count("\n") + 1
+    funcs = {n.name: ast.get_source_segment(text, n) for n in ast.walk(ast.parse(text))
+             if isinstance(n, ast.FunctionDef) and n.lineno > first_line}
+    return text[start:], funcs
+
+
+def test_the_copy_alone_blocks_are_twins():
+    """Each framework's one-device and data-parallel scripts carry the same copy-alone block,
+    and the framework-neutral part of it (the command line, the NumPy reader of Fashion-MNIST,
+    the printout) is the same text in all eight scripts."""
+    neutral = {}
+    for fw in ("pytorch", "jax", "paddle", "mxnet"):
+        (one, f_one), (dp, _) = (_alone_functions(RECIPE / f"{fw}_{kind}.py") for kind in ("one", "dp"))
+        assert one == dp, f"{fw}_one.py and {fw}_dp.py differ after the copy-alone marker"
+        for name in ("parse_args", "load_data", "report"):
+            neutral.setdefault(name, {})[fw] = f_one[name]
+    for name, by_fw in neutral.items():
+        assert len(set(by_fw.values())) == 1, f"{name} differs between the frameworks' recipes"
