@@ -58,8 +58,11 @@ book: data
 
 # Everything in one pytest run: the unit, fault, multi-node, JupyterLab, browser and book tests,
 # and every notebook at the default device count (2) and again with 1 and 8 devices (the
-# one-GPU workstation and the 8-GPU node), spread over TEST_WORKERS (2) processes (pytest-xdist;
-# the tests mostly wait on kernels, launched ranks and browsers).  conftest.py makes a
+# one-GPU workstation and the 8-GPU node); the default count runs with the CPU capped at AVX2
+# (default@avx2: oneDNN's and PyTorch's kernels, d2lmini.hardware.AVX2_CAPS), so that an
+# AVX-512 machine checks the path an AVX2-only CPU takes as well as its own.  The run is spread
+# over TEST_WORKERS (2) processes (pytest-xdist; the tests mostly wait on kernels, launched
+# ranks and browsers).  conftest.py makes a
 # notebook at one device count one unit of work, handed out longest first
 # (tests/durations.json; `tools/test_durations.py _build/test-results.xml` refreshes it from
 # the last run).  TEST_WORKERS=0 runs everything in this process, one after the other.
@@ -74,7 +77,7 @@ test: data browser
 	@mkdir -p _build
 	@PYTHONDONTWRITEBYTECODE= $(PY) -m compileall -q d2lmini
 	D2LMINI_PROFILE=$(TEST_PROFILE) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile \
-	  --device-counts default,$(subst $(space),$(comma),$(strip $(TEST_DEVICE_COUNTS))) \
+	  --device-counts default@avx2,$(subst $(space),$(comma),$(strip $(TEST_DEVICE_COUNTS))) \
 	  --junitxml=_build/test-results.xml --cpu-seconds=_build/cpu-seconds.json $(TEST_ARGS)
 
 # The quick loop before a commit: the fast unit tests and nbval (k = 2) of the notebooks that

@@ -7,6 +7,12 @@ CPU machine); a number ``k`` starts that notebook's kernel with ``D2LMINI_NUM_DE
 names its items ``chapters/<ch>/<fw>.ipynb[k=8]::Cell 3``. Nothing else changes: the same
 cells, the same nbval comparisons, the same sanitizers as three separate pytest runs.
 
+A count followed by ``@avx2`` (``default@avx2``, ``8@avx2``) runs that notebook with the CPU's
+instructions capped at AVX2 (``d2lmini.hardware.AVX2_CAPS``: oneDNN's and PyTorch's own
+kernels, and what the notebooks read of the CPU), its items named ``<fw>.ipynb[avx2]`` or
+``<fw>.ipynb[k=8,avx2]``: on a CPU with AVX-512 the run takes the path an AVX2-only CPU takes,
+and its stored outputs must pass there too (``make test`` caps the default count).
+
 Under pytest-xdist (``-n N --dist loadfile``) a notebook at one device count is one unit of
 work (its cells share one kernel, in order), and so is a test file (its module fixtures are
 built once); the tests that use the built book form one unit, so it is built once. A JAX
@@ -28,6 +34,13 @@ ROOT = Path(__file__).resolve().parent
 DURATIONS = ROOT / "tests" / "durations.json"
 UNKNOWN_SECONDS = 30.0
 BOOK_GROUP = "the built book"
+
+
+def recorded_seconds() -> dict:
+    """``{unit: seconds}`` of :data:`DURATIONS`, which also names the run's machine
+    (``{"machine": {"cpu": ..., "isa": ...}, "seconds": {...}}``: the same suite takes about
+    twice as long on an AVX2-only CPU as on one with AVX-512)."""
+    return json.loads(DURATIONS.read_text())["seconds"]
 
 
 def pytest_addoption(parser):
@@ -75,22 +88,39 @@ def pytest_configure(config):
         os.environ["IPYTHONDIR"] = tempfile.mkdtemp(prefix=f"ipython-{worker}-")
 
 
-def device_counts(config) -> list[str | None]:
-    """The counts of ``--device-counts`` (None for 'default'); [None] without the option."""
+def device_counts(config) -> list[tuple[str | None, bool]]:
+    """The runs of ``--device-counts``: (count, None for 'default'; capped at AVX2);
+    [(None, False)] without the option."""
     raw = config.getoption("device_counts", default="") or ""
-    out: list[str | None] = []
+    out: list[tuple[str | None, bool]] = []
     for part in (p.strip() for p in raw.split(",") if p.strip()):
-        if part == "default":
-            out.append(None)
-        elif part.isdigit() and 1 <= int(part) <= 8:
-            out.append(part)
+        count, _, isa = part.partition("@")
+        if isa not in ("", "avx2"):
+            raise pytest.UsageError(f"--device-counts: {part!r}: the only cap is '@avx2' "
+                                    "(example: --device-counts default@avx2,1,8)")
+        if count == "default":
+            out.append((None, bool(isa)))
+        elif count.isdigit() and 1 <= int(count) <= 8:
+            out.append((count, bool(isa)))
         else:
             raise pytest.UsageError(
                 f"--device-counts: {part!r} is neither 'default' nor a device count from 1 "
                 "to 8 (example: --device-counts default,1,8)")
-    if len(set(out)) != len(out):
+    if len({k for k, _ in out}) != len(out):
         raise pytest.UsageError(f"--device-counts {raw!r} names a count twice")
-    return out or [None]
+    return out or [(None, False)]
+
+
+def run_name(filename: str, count: str | None, avx2: bool) -> str:
+    """The collected name of a notebook at one run: ``nb.ipynb``, ``nb.ipynb[k=8]``,
+    ``nb.ipynb[avx2]``, ``nb.ipynb[k=8,avx2]``."""
+    marks = ([f"k={count}"] if count else []) + (["avx2"] if avx2 else [])
+    return f"{filename}[{','.join(marks)}]" if marks else filename
+
+
+def avx2_caps() -> dict:
+    from d2lmini.hardware import AVX2_CAPS
+    return AVX2_CAPS
 
 
 try:
@@ -100,40 +130,43 @@ except ImportError:                  # nbval missing: notebooks are not collecte
 
 if IPyNbFile is not None:
     class NotebookAtDeviceCount(IPyNbFile):
-        """nbval's notebook collector whose kernel starts with ``D2LMINI_NUM_DEVICES=k``."""
-        devices: str | None = None
+        """nbval's notebook collector whose kernel starts with ``env`` added to the
+        environment (``D2LMINI_NUM_DEVICES=k``, the AVX2 caps)."""
+        env: dict = {}
 
         def setup(self):
-            saved = os.environ.get("D2LMINI_NUM_DEVICES")
-            os.environ["D2LMINI_NUM_DEVICES"] = self.devices
+            saved = {name: os.environ.get(name) for name in self.env}
+            os.environ.update(self.env)
             try:
                 super().setup()              # starts the kernel, which copies os.environ
             finally:
-                if saved is None:
-                    os.environ.pop("D2LMINI_NUM_DEVICES", None)
-                else:
-                    os.environ["D2LMINI_NUM_DEVICES"] = saved
+                for name, value in saved.items():
+                    if value is None:
+                        os.environ.pop(name, None)
+                    else:
+                        os.environ[name] = value
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_collect_file(file_path, parent):
     collected = yield
-    counts = device_counts(parent.config)
-    if counts == [None] or file_path.suffix != ".ipynb" or IPyNbFile is None:
+    runs = device_counts(parent.config)
+    if runs == [(None, False)] or file_path.suffix != ".ipynb" or IPyNbFile is None:
         return collected
     out = []
     for node in collected:
         if type(node) is not IPyNbFile:
             out.append(node)
             continue
-        for k in counts:
-            if k is None:
+        for k, avx2 in runs:
+            if k is None and not avx2:
                 out.append(node)
             else:
-                name = f"{file_path.name}[k={k}]"
+                name = run_name(file_path.name, k, avx2)
                 nb = NotebookAtDeviceCount.from_parent(
                     parent, path=file_path, name=name, nodeid=_nodeid(parent, name))
-                nb.devices = k
+                nb.env = {**({"D2LMINI_NUM_DEVICES": k} if k else {}),
+                          **(avx2_caps() if avx2 else {})}
                 out.append(nb)
     return out
 
@@ -170,7 +203,7 @@ SHARE_COMPILED = ("jax.ipynb",)
 def schedule_group(unit: str) -> str:
     """The units that one worker runs one after the other: a JAX notebook at all its device
     counts (see :data:`SHARE_COMPILED`); any other unit on its own."""
-    path = unit.split("[k=", 1)[0]
+    path = unit.split("[", 1)[0]
     return path if Path(path).name in SHARE_COMPILED else unit
 
 
@@ -196,7 +229,7 @@ def pytest_collection_modifyitems(config, items):
     if not hasattr(config, "workerinput"):      # only the xdist workers' collection
         return
     try:
-        seconds = json.loads(DURATIONS.read_text())
+        seconds = recorded_seconds()
     except (OSError, ValueError):
         seconds = {}
     first, group_first, group_seconds = {}, {}, {}

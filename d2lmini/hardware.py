@@ -12,7 +12,10 @@ plain file by ``tools/gpu_env.py``, in a venv that may not hold d2lmini yet.
   one venv per framework (``make gpu-venv FW=...``), because their pinned CUDA libraries
   cannot share one environment;
 * :func:`gpu_builds_installed` -- which GPU builds an environment holds (the CPU venv must
-  hold none: ``make venv`` would replace them).
+  hold none: ``make venv`` would replace them);
+* :func:`cpu_isa` and :func:`cpu_bf16_gap` -- the CPU's vector instructions as the frameworks'
+  kernels may use them (the caps ``ONEDNN_MAX_CPU_ISA`` & co. honoured), and why bfloat16 is
+  not worth running on this CPU, if it is not.
 """
 from __future__ import annotations
 
@@ -25,7 +28,8 @@ import subprocess
 from functools import lru_cache
 from importlib import metadata
 
-__all__ = ["GpuInfo", "cpu_model", "package_versions", "FRAMEWORK_PACKAGES", "nvidia_gpus",
+__all__ = ["GpuInfo", "cpu_model", "cpu_isa", "cpu_bf16_gap", "ISA_CAPS", "AVX2_CAPS", "package_versions",
+           "FRAMEWORK_PACKAGES", "nvidia_gpus",
            "parse_nvidia_smi", "visible_gpus", "mxnet_gpu_support", "mxnet_unsupported_gpu",
            "MXNET_SASS", "GpuBuild", "GPU_BUILDS", "PADDLE_INDEX", "canonical_framework",
            "gpu_build_fix", "gpu_builds_installed", "pip_commands", "driver_too_old"]
@@ -157,6 +161,86 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+# The vector instructions that decide which kernels the frameworks run on the CPU, best first:
+# (name, /proc/cpuinfo flags it needs).  oneDNN's bfloat16 kernels (PyTorch's, MXNet's,
+# Paddle's) need AVX-512 (its "avx512_core": F, BW, VL, DQ), natively with AVX512-BF16 or AMX;
+# below AVX-512 MXNet 1.9.1 has none ("could not create a primitive descriptor iterator") and
+# PyTorch emulates them, 5-12x slower than float32.
+_ISA_LEVELS = (("AMX", {"amx_bf16", "avx512_bf16", "avx512f", "avx512bw", "avx512vl", "avx512dq"}),
+               ("AVX-512 with BF16", {"avx512_bf16", "avx512f", "avx512bw", "avx512vl",
+                                      "avx512dq"}),
+               ("AVX-512", {"avx512f", "avx512bw", "avx512vl", "avx512dq"}),
+               ("AVX2", {"avx2", "fma"}),
+               ("SSE4.1", {"sse4_1"}))
+#: The variables that cap the instructions oneDNN (three spellings over its versions), XLA and
+#: PyTorch's own kernels use: a test sets them to take an older CPU's path on a newer one.
+ISA_CAPS = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKLDNN_MAX_CPU_ISA",
+            "ATEN_CPU_CAPABILITY", "XLA_FLAGS")
+#: An AVX2-only CPU's path on any newer one (``make test`` runs every notebook so once).
+AVX2_CAPS = {"ONEDNN_MAX_CPU_ISA": "AVX2", "DNNL_MAX_CPU_ISA": "AVX2",
+             "MKLDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
+
+
+def _cap_level(name: str, value: str) -> int | None:
+    """The index in _ISA_LEVELS a cap variable allows at most (None: no cap)."""
+    if name == "XLA_FLAGS":
+        m = re.search(r"--xla_cpu_max_isa=(\S+)", value)
+        if not m:
+            return None
+        value = m.group(1)
+    v = value.strip().upper()
+    if not v or v in ("ALL", "DEFAULT") and name != "ATEN_CPU_CAPABILITY":
+        return None
+    if "AMX" in v:
+        return 0
+    if "AVX512" in v:
+        return 1 if "BF16" in v else 2
+    if v.startswith("AVX2") or v == "AVX":
+        return 3
+    return 4                                # SSE41, DEFAULT (ATen) and older
+
+
+def cpu_flags() -> frozenset:
+    """The instruction-set flags of ``/proc/cpuinfo`` (empty where there is none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def cpu_isa(flags=None, environ=None) -> tuple[str, str | None]:
+    """``(best instructions the kernels may use, the cap that lowered them or None)``, e.g.
+    ``("AVX2", "DNNL_MAX_CPU_ISA=AVX2")`` on an AVX-512 CPU capped for a test."""
+    flags = cpu_flags() if flags is None else frozenset(flags)
+    environ = os.environ if environ is None else environ
+    level = next((i for i, (_, need) in enumerate(_ISA_LEVELS) if need <= flags),
+                 len(_ISA_LEVELS))
+    cap = None
+    for name in ISA_CAPS:
+        allowed = _cap_level(name, environ.get(name, ""))
+        if allowed is not None and allowed > level:
+            level = allowed
+            cap = (f"{name}={environ[name]}" if name != "XLA_FLAGS" else
+                   "XLA_FLAGS " + re.search(r"--xla_cpu_max_isa=\S+", environ[name]).group(0))
+    return (_ISA_LEVELS[level][0] if level < len(_ISA_LEVELS) else "older than SSE4.1"), cap
+
+
+def cpu_bf16_gap(flags=None, environ=None) -> str | None:
+    """Why bfloat16 does not pay on this CPU (None: it has AVX-512, oneDNN's bfloat16
+    kernels run). Where it returns a reason, the book's fast-path ladders stop before their
+    bfloat16 rung: MXNet 1.9.1 cannot run it at all, PyTorch emulates it many times slower
+    than float32, and a rung that is only slower teaches nothing the GPU records do not."""
+    isa, cap = cpu_isa(flags, environ)
+    if isa.startswith(("AMX", "AVX-512")):
+        return None
+    return (f"bfloat16 needs AVX-512 on the CPU; this one has {isa}"
+            + (f" (capped by {cap})" if cap else ""))
 
 
 #: The distributions whose versions results files and reports record (CPU and GPU builds).

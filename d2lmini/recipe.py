@@ -111,3 +111,16 @@ def report_run(run: dict, framework: str, profile: str, results_file: str = "res
                       devices=d, profile=profile, batch_size=run["batch_size"],
                       s_per_epoch=run["s_per_epoch"], samples_per_s=run["samples_per_s"],
                       test_acc=run["test_acc"], epochs=e, lr=run["lr"])
+
+
+def accepted_knobs(check_knobs, knobs, device) -> tuple:
+    """The knobs a fast recipe's ``check_knobs(knobs, device)`` accepts on `device`, one by
+    one (it raises RuntimeError for a knob that cannot run, or does not pay, there): the
+    recipe's default ``--knobs``."""
+    def accepted(knob):
+        try:
+            check_knobs((knob,), device)
+        except RuntimeError:
+            return False
+        return True
+    return tuple(k for k in knobs if accepted(k))

@@ -59,6 +59,29 @@ def test_a_device_count_reaches_the_notebooks_kernel(tmp_path):
     assert rc != 0 and "nb.ipynb[k=1]::Cell 1 FAILED" in out, out
 
 
+def test_a_run_capped_at_avx2_reaches_the_kernel_and_its_launched_processes(tmp_path):
+    """``@avx2`` starts the kernel with the caps, which the processes it starts inherit, and
+    which d2lmini.hardware then reads as an AVX2 CPU; the other runs see no cap."""
+    from d2lmini.hardware import AVX2_CAPS
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(
+        "import subprocess, sys\nprint(subprocess.run([sys.executable, '-c', 'from "
+        "d2lmini.hardware import cpu_isa; print(cpu_isa()[0] == \"AVX2\")'], "
+        "capture_output=True, text=True).stdout.strip())", execution_count=1,
+        outputs=[nbformat.v4.new_output("stream", name="stdout", text="True\n")])]
+    nbformat.write(nb, tmp_path / "nb.ipynb")
+    env_cap = {name: os.environ.get(name) for name in AVX2_CAPS}
+    rc, out = run(tmp_path, "--device-counts", "default@avx2,8@avx2", "nb.ipynb")
+    assert rc == 0 and "nb.ipynb[avx2]::Cell 0 PASSED" in out \
+        and "nb.ipynb[k=8,avx2]::Cell 0 PASSED" in out, out
+    assert {name: os.environ.get(name) for name in AVX2_CAPS} == env_cap
+    if not any(env_cap.values()):        # an AVX2 host prints True uncapped too
+        from d2lmini.hardware import cpu_isa
+        rc, out = run(tmp_path, "--device-counts", "default,8@avx2", "nb.ipynb")
+        assert "nb.ipynb[k=8,avx2]::Cell 0 PASSED" in out, out
+        assert ("2 passed" if cpu_isa()[0] == "AVX2" else "1 failed, 1 passed") in out, out
+
+
 def test_default_keeps_the_environment_and_the_run_restores_it(tmp_path):
     notebook(tmp_path / "nb.ipynb", "unset 42\n")
     rc, out = run(tmp_path, "--device-counts", "default", "nb.ipynb")
@@ -84,7 +107,7 @@ def test_the_harness_runs_without_pytest_xdist(tmp_path):
     assert rc == 0 and "nb.ipynb[k=8]::Cell 1 PASSED" in out, out
 
 
-@pytest.mark.parametrize("bad", ["9", "0", "two", "1,1"])
+@pytest.mark.parametrize("bad", ["9", "0", "two", "1,1", "8@avx1", "8,8@avx2"])
 def test_a_bad_device_count_is_a_usage_error(tmp_path, bad):
     notebook(tmp_path / "nb.ipynb", "8 42\n")
     rc, out = run(tmp_path, "--device-counts", bad, "--collect-only", "nb.ipynb")
@@ -136,16 +159,23 @@ def test_durations_come_from_junit_and_name_the_units(tmp_path):
         <testcase classname="chapters.comm.jax.ipynb[k=8]" name="Cell 1" time="5.5"/>
         <testcase classname="chapters.comm.jax.ipynb[k=8]" name="Cell 2" time="1.5"/>
         <testcase classname="chapters.comparison.batch-size.ipynb" name="Cell 0" time="2"/>
+        <testcase classname="chapters.comm.jax.ipynb[avx2]" name="Cell 0" time="3"/>
         <testcase classname="tests.test_core" name="test_a[x-1]" time="0.5"/>
         <testcase classname="tests.test_browser" name="test_b" time="3"/>
         <testcase classname="tests.test_book" name="test_c" time="4"/>
         </testsuite></testsuites>"""))
     assert td.unit_seconds(junit) == {"chapters/comm/jax.ipynb[k=8]": 7.0,
                                       "chapters/comparison/batch-size.ipynb": 2.0,
+                                      "chapters/comm/jax.ipynb[avx2]": 3.0,
                                       "tests/test_core.py": 0.5, harness.BOOK_GROUP: 7.0}
+    assert [td.kind(u) for u in ("chapters/a/b.ipynb[avx2]", "chapters/a/b.ipynb[k=8]",
+                                 "chapters/a/b.ipynb[k=1,avx2]", "chapters/a/b.ipynb")] == [
+        "notebooks, k = default, capped at AVX2", "notebooks, k = 8",
+        "notebooks, k = 1, capped at AVX2", "notebooks, k = default"]
     # every unit the recorded durations name is one that the suite has today
-    recorded = json.loads(harness.DURATIONS.read_text())
-    assert all(u == harness.BOOK_GROUP or (ROOT / u.split("[k=")[0]).is_file()
+    recorded = harness.recorded_seconds()
+    assert set(json.loads(harness.DURATIONS.read_text())["machine"]) == {"cpu", "isa", "cores"}
+    assert all(u == harness.BOOK_GROUP or (ROOT / u.split("[")[0]).is_file()
                for u in recorded), [u for u in recorded if not (ROOT / u.split("[")[0]).exists()]
 
 

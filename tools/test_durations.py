@@ -63,10 +63,18 @@ def unit_seconds(junit: Path) -> dict[str, float]:
     return dict(out)
 
 
+def machine() -> dict:
+    """The CPU the run was made on (the times hold for it only), with its cores."""
+    import os
+    from d2lmini.hardware import cpu_isa, cpu_model
+    return {"cpu": cpu_model(), "isa": cpu_isa(environ={})[0], "cores": os.cpu_count()}
+
+
 def kind(unit: str) -> str:
     if unit.startswith("chapters/"):
-        k = unit.split("[k=")[1].rstrip("]") if "[k=" in unit else "default"
-        return f"notebooks, k = {k}"
+        marks = unit.partition("[")[2].rstrip("]").split(",")
+        k = next((m[2:] for m in marks if m.startswith("k=")), "default")
+        return f"notebooks, k = {k}" + (", capped at AVX2" if "avx2" in marks else "")
     return "unit, fault, multi-node, lab, browser and book tests"
 
 
@@ -76,9 +84,10 @@ def main(argv=None) -> int:
         print(__doc__)
         return 2
     seconds = unit_seconds(Path(argv[0]))
-    DURATIONS.write_text(json.dumps({u: round(s, 1) for u, s in
-                                     sorted(seconds.items(), key=lambda kv: -kv[1])},
-                                    indent=1) + "\n")
+    DURATIONS.write_text(json.dumps(
+        {"machine": machine(), "seconds": {u: round(s, 1) for u, s in
+                                           sorted(seconds.items(), key=lambda kv: -kv[1])}},
+        indent=1) + "\n")
     per_kind = collections.Counter()
     for u, s in seconds.items():
         per_kind[kind(u)] += s

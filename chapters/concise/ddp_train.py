@@ -151,20 +151,22 @@ def train(args, device: torch.device) -> dict:
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)              # else every epoch repeats epoch 0's order
         model.train()
-        totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, n
+        sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, correct
+        samples = 0                           # counted on the host: nothing to copy per step
         d2l.synchronize([device])
         timer.start()
         for X, y in loader:
             X, y = X.to(device, non_blocking=True), y.to(device, non_blocking=True)
             loss, y_hat = train_step(model, loss_fn, optimizer, X, y)
             with torch.no_grad():
-                totals += torch.stack([loss.double() * len(y),
-                                       (y_hat.argmax(dim=1) == y).sum().double(),
-                                       torch.tensor(float(len(y)), device=device,
-                                                    dtype=torch.float64)])
+                sums += torch.stack([loss.double() * len(y),
+                                     (y_hat.argmax(dim=1) == y).sum().double()])
+            samples += len(y)
             step += 1
         d2l.synchronize([device])
         log["epoch_s"].append(timer.stop())
+        totals = torch.cat([sums, torch.tensor([float(samples)], dtype=torch.float64,
+                                               device=device)])   # loss sum, correct, n
         dist.all_reduce(totals, op=dist.ReduceOp.SUM)
         log["train_loss"].append(float(totals[0] / totals[2]))
         log["train_acc"].append(float(totals[1] / totals[2]))

@@ -131,8 +131,8 @@ def train_step(model, loss_fn, optimizer, X, y):
     loss.backward()
     optimizer.step()
     optimizer.clear_grad()
-    correct = float((y_hat.argmax(axis=1) == y).astype("float32").sum())
-    return float(loss) * len(y), correct
+    correct = (y_hat.argmax(axis=1) == y).astype("float32").sum()
+    return loss.detach(), correct       # on the device: no float(), the host does not wait
 
 
 def trainable(net):
@@ -222,11 +222,14 @@ def train(args):
         model.train()
         timer = d2lmini.Timer()
         timer.start()
+        steps, sizes = [], []
         for X, y in loader:
-            loss_sum, correct = train_step(model, loss_fn, optimizer, X, y)
-            log["steps"].append([epoch, loss_sum, correct, len(y)])
+            steps.append(paddle.stack(train_step(model, loss_fn, optimizer, X, y)))
+            sizes.append(len(y))
         d2l.synchronize()
         log["epoch_seconds"].append(timer.stop())
+        for (loss, correct), n in zip(paddle.stack(steps).numpy().tolist(), sizes):
+            log["steps"].append([epoch, loss * n, correct, n])   # one copy, after the epoch
         log["params_sha256"].append(checksum(trainable(net)))
         log["running_stats_sha256"].append(checksum(running_stats(net)))
         # The book's evaluation rule: BatchNorm statistics of the final weights, re-estimated

@@ -8,13 +8,16 @@ the settings a practitioner turns on for a GPU.
   copies of parameters and optimizer state;
 * ``bf16``: every layer computes in bfloat16 (Flax's ``dtype``) while the parameters, the
   gradients' update and the optimizer stay in float32 (``param_dtype``, the default): mixed
-  precision with float32 master weights.  The loss is computed in float32.
+  precision with float32 master weights.  The loss is computed in float32.  On a CPU without
+  AVX-512, XLA computes bfloat16 through conversions to float32, slower than float32: the
+  recipe leaves it out there (:func:`check_knobs`).
 """
 import time
 
 import d2lmini
 from d2lmini import jax as d2l            # before JAX starts: it sets the device count
 from d2lmini import recipe
+from d2lmini.hardware import cpu_bf16_gap
 
 import jax
 import jax.numpy as jnp
@@ -25,6 +28,20 @@ KNOBS = ("donate", "bf16")
 # The ladder the benchmark measures: each rung adds one setting to the one before.
 LADDER = [("defaults", ()), ("+ buffer donation", ("donate",)),
           ("+ bf16 compute", ("donate", "bf16"))]
+
+
+def check_knobs(knobs, device):
+    """Refuses, by name and with the reason, a knob that does not pay on `device`: bfloat16 on
+    a CPU without AVX-512."""
+    gap = "bf16" in knobs and device.platform == "cpu" and cpu_bf16_gap()
+    if gap:
+        raise RuntimeError(f"knob bf16 does not pay on this CPU: {gap}; XLA would compute it "
+                           "through conversions to float32, slower than float32")
+
+
+def default_knobs(device):
+    """The knobs ``--knobs`` defaults to on `device`: all that :func:`check_knobs` accepts."""
+    return recipe.accepted_knobs(check_knobs, KNOBS, device)
 
 
 def model(width, knobs=()):
@@ -61,10 +78,11 @@ def evaluate(net, state, X, y, device, batch_size=256):
 
 
 def main(argv=None):
-    args = recipe.parse_args(argv, knobs=KNOBS)           # --knobs: default all of them
-    knobs = args.knobs
-    data = recipe.load_data(args)
     device = d2l.try_gpu()
+    args = recipe.parse_args(argv, knobs=KNOBS, default_knobs=default_knobs(device))
+    knobs = args.knobs                                    # --knobs: default all that pay here
+    check_knobs(knobs, device)
+    data = recipe.load_data(args)
     net = model(args.width, knobs)
     variables = d2l.canonical_init(d2l.resnet18(10, 1, width=args.width),
                                    d2lmini.resnet18_init(width=args.width, seed=args.seed))

@@ -3,9 +3,12 @@ plus the settings a practitioner turns on for a GPU (and the CPU's counterpart).
 
     python mxnet_fast.py [--epochs E ...] [--knobs hybridize,fp16 | hybridize,bf16]
 
-MXNet 1.9.1 is the last release (the project is retired to the Apache Attic), and its GPU build
-has kernels for compute capability 5.x-8.x only: on a Hopper (H100, H200) or newer GPU
-``d2l.try_gpu()`` gives the CPU, and a GPU-only knob is refused there as on any CPU.
+MXNet 1.9.1 is the last release (the project is retired to the Apache Attic).  Its GPU build
+(``mxnet-cu112``) ships machine code for compute capability 5.0-8.6 only and no PTX (read from
+the wheel's ``libmxnet.so``; this book has never run MXNet on a GPU, so what this script does
+on one is unconfirmed on GPU): on a Hopper (H100, H200) or newer GPU ``d2l.try_gpu()`` gives
+the CPU, and a GPU-only knob is refused there as on any CPU.  On a CPU, ``bf16`` needs
+oneDNN's bfloat16 kernels, which need AVX-512: on an AVX2 CPU it is refused (a probe).
 
 * ``hybridize``: ``net.hybridize(static_alloc=True, static_shape=True)``: the first call traces
   the Python layers into a static graph (a CachedOp) that later steps run without calling them
@@ -34,11 +37,13 @@ benchmark can time a float32 rung after an AMP one.  Not a knob: cuDNN's autotun
 turns it off on GPU hosts (exact numerics) unless that variable is set before the run.
 """
 import contextlib
+import functools
 import time
 
 import d2lmini
 from d2lmini import mxnet as d2l            # before mxnet: installs the NumPy 2 shim
 from d2lmini import recipe
+from d2lmini.hardware import cpu_bf16_gap
 import mxnet as mx
 from mxnet import autograd, gluon, nd
 from mxnet.contrib import amp
@@ -71,7 +76,32 @@ def amp_dtype(knobs, device):
                            "GPU use fp16")
     if "bf16" in knobs and not mx.runtime.Features().is_enabled("MKLDNN"):
         raise RuntimeError("knob bf16 needs MXNet's oneDNN (MKLDNN) build; this one has none")
+    if "bf16" in knobs and not _bf16_convolution_runs():
+        raise RuntimeError("knob bf16 cannot run on this CPU: oneDNN has no bfloat16 "
+                           f"convolution here ({cpu_bf16_gap() or 'its probe failed'})")
     return "float16" if "fp16" in knobs else "bfloat16" if "bf16" in knobs else None
+
+
+def default_knobs(device):
+    """The knobs ``--knobs`` defaults to on `device`: hybridize, and the device's AMP (fp16 on a
+    GPU, bf16 on the CPU) where :func:`amp_dtype` accepts it."""
+    amp16 = "fp16" if device.device_type == "gpu" else "bf16"
+    return ("hybridize",) + recipe.accepted_knobs(amp_dtype, (amp16,), device)
+
+
+@functools.lru_cache(maxsize=None)
+def _bf16_convolution_runs():
+    """Whether oneDNN runs a bfloat16 convolution on this CPU (it needs AVX-512: on an AVX2
+    CPU MXNet stops with 'could not create a primitive descriptor iterator').  A tiny one,
+    with MXNet's own float32 operators, before amp.init."""
+    bf16 = amp.amp.bfloat16
+    x = nd.amp_cast(nd.ones((1, 1, 3, 3)), dtype=bf16)
+    try:
+        y = nd.Convolution(x, nd.amp_cast(nd.ones((1, 1, 3, 3)), dtype=bf16), no_bias=True,
+                           kernel=(3, 3), num_filter=1)
+        return nd.amp_cast(y, dtype="float32").asscalar() == 9
+    except mx.base.MXNetError:
+        return False
 
 
 def _operators():
@@ -159,9 +189,7 @@ def evaluate(net, data, device, knobs=()):
 
 def main(argv=None):
     device = d2l.try_gpu()
-    # --knobs: default hybridize and the device's AMP (fp16 on a GPU, else bf16)
-    args = recipe.parse_args(argv, knobs=KNOBS, default_knobs=(
-        "hybridize", "fp16" if device.device_type == "gpu" else "bf16"))
+    args = recipe.parse_args(argv, knobs=KNOBS, default_knobs=default_knobs(device))
     knobs = args.knobs
     dtype = amp_dtype(knobs, device)           # refuses a knob the device cannot run
     data = recipe.load_data(args)

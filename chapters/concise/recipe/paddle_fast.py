@@ -14,17 +14,23 @@ plus the settings a practitioner turns on for a GPU.
   the optimizer updates float32 master copies of them, so every layer computes in bfloat16
   with no casts of the weights at each step and half the weight traffic;
 * ``nhwc``: every layer in channels-last layout (``d2l.resnet18(data_format="NHWC")``, the
-  same parameters), the layout of cuDNN's tensor-core convolutions: in NCHW they transpose
-  around every convolution in reduced precision;
+  same parameters), the layout of cuDNN's tensor-core convolutions: in NCHW, cuDNN transposes
+  around every bfloat16 or float16 convolution (in float32 the layout matters far less);
 * ``cudnn_search``: ``FLAGS_cudnn_exhaustive_search``: cuDNN times every convolution
   algorithm once per input shape and keeps the fastest (among those whose workspace fits
   ``FLAGS_conv_workspace_size_limit``), instead of taking its heuristic's choice;
-* ``to_static``: ``paddle.jit.to_static(full_graph=True, backend=None)``: the forward
-  (and its backward) traced once into a static graph and run by Paddle's executor, with no
-  Python between the operators and the graph passes applied;
+* ``to_static``: ``paddle.jit.to_static(full_graph=True, backend=None)``: the forward's
+  Python source is translated (its syntax tree: full_graph=True; the default, full_graph=False,
+  translates bytecode and falls back to Python where it cannot) once into a static graph,
+  which Paddle's executor runs with its backward, with no Python between the operators and
+  the graph passes applied.  ``backend=None`` on purpose: to_static's default backend is
+  CINN, used wherever the build has it;
 * ``cinn`` (with ``to_static``): the same graph compiled by CINN, Paddle's compiler
   (``backend="CINN"``), which fuses the elementwise work around the convolutions (BatchNorm,
   ReLU, the additions, the casts) into fewer kernels.
+
+None of these settings has been timed on a GPU by this book (no Paddle GPU run exists):
+unconfirmed on GPU.
 
 The loss is computed in float32, and the accuracy in float32.  A knob that cannot run where
 the script runs is refused with its reason (:func:`check_knobs`): Paddle would only warn and
@@ -139,11 +145,18 @@ def make_train_step(model, loss_fn, optimizer, knobs=()):
 
 
 @paddle.no_grad()
-def evaluate(net, X, y, knobs=(), batch_size=256):
+def evaluate(net, X, y, knobs=(), batch_size=256, optimizer=None):
     """Accuracy on the whole test set in inference mode (BatchNorm's running statistics), in
-    float32 (outside auto_cast; under O2 on a float32 copy of the bfloat16 weights)."""
+    float32 (outside auto_cast).  Under O2 the net's weights are bfloat16, rounded from the
+    optimizer's float32 master copies: the accuracy is that of a float32 copy of the net
+    holding the master copies (those `optimizer` keeps, by parameter name)."""
     if "o2" in knobs:
-        net = copy.deepcopy(net).to(dtype="float32")
+        masters = getattr(optimizer, "_master_weights", {})
+        net_32 = copy.deepcopy(net).to(dtype="float32")
+        for p, p_32 in zip(net.parameters(), net_32.parameters()):
+            if p.name in masters:
+                p_32.set_value(masters[p.name])
+        net = net_32
     net.eval()
     correct = sum(d2l.accuracy(net(to_layout(paddle.to_tensor(X[i:i + batch_size]), knobs)),
                                paddle.to_tensor(y[i:i + batch_size]))
@@ -182,7 +195,7 @@ def main(argv=None):
                              paddle.to_tensor(data.y_train[idx])) for idx in sampler]
         loss = float(paddle.stack(losses).mean())        # one wait, at the end of the epoch
         seconds = time.perf_counter() - start
-        test_acc = evaluate(net, data.X_test, data.y_test, knobs)
+        test_acc = evaluate(net, data.X_test, data.y_test, knobs, optimizer=optimizer)
         if rank == 0:
             recipe.report(args, epoch, loss, test_acc, devices=k, framework=d2l.FRAMEWORK,
                           seconds=seconds)

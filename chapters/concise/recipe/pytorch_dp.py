@@ -56,7 +56,8 @@ def main():
     data = recipe.load_data(args)
     rank, k = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])  # set by torchrun
     gpus = d2l.num_gpus()                 # fewer GPUs than ranks: they share them, with gloo
-    device = torch.device("cuda", int(os.environ["LOCAL_RANK"]) % gpus) if gpus else "cpu"
+    device = (torch.device("cuda", int(os.environ["LOCAL_RANK"]) % gpus) if gpus
+              else torch.device("cpu"))
     nccl = gpus >= int(os.environ["LOCAL_WORLD_SIZE"])             # a GPU for every rank
     if gpus:
         torch.accelerator.set_device_index(device.index)           # before NCCL touches a GPU
@@ -72,13 +73,15 @@ def main():
     loss_fn = nn.CrossEntropyLoss()
     train_set = TensorDataset(torch.from_numpy(data.X_train), torch.from_numpy(data.y_train))
     sampler = DistributedSampler(train_set, num_replicas=k, rank=rank, seed=args.seed)
-    loader = DataLoader(train_set, batch_size=batch_size, sampler=sampler)
+    loader = DataLoader(train_set, batch_size=batch_size, sampler=sampler,
+                        pin_memory=device.type == "cuda")   # page-locked: copies run async
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)          # a new order each epoch, seeded, the same on all ranks
         model.train()
         start, losses = time.perf_counter(), []
         for X, y in loader:
-            losses.append(train_step(model, loss_fn, optimizer, X.to(device), y.to(device)))
+            losses.append(train_step(model, loss_fn, optimizer, X.to(device, non_blocking=True),
+                                     y.to(device, non_blocking=True)))
         loss = torch.stack(losses).mean()
         dist.all_reduce(loss)             # the sum of the k ranks' mean losses
         loss = loss.item() / k            # one wait, for the last step

@@ -3,8 +3,10 @@ plus the settings a practitioner turns on for a GPU.
 
     python pytorch_fast.py [--epochs N ...] [--knobs channels_last,benchmark,bf16,compile]
 
-* ``channels_last``: tensors in NHWC, the layout the GPU's convolution kernels want (NCHW,
-  PyTorch's default, makes cuDNN transpose around every convolution);
+* ``channels_last``: tensors in NHWC, the layout of the GPU's tensor-core convolutions (with
+  NCHW, PyTorch's default, cuDNN transposes around every bfloat16 or float16 convolution; in
+  float32 with TF32 it gains little: 11.55 -> 10.51 ms a step on one H200,
+  benchmarks/h200-2026-11-27);
 * ``benchmark``: ``torch.backends.cudnn.benchmark``: time the convolution algorithms once per
   input shape and keep the fastest;
 * ``compile``: ``torch.compile`` the model, fusing the elementwise work around the
@@ -15,6 +17,8 @@ plus the settings a practitioner turns on for a GPU.
 * ``bf16``: ``torch.autocast`` to bfloat16 -- matrix products and convolutions in 16 bits on
   the tensor cores, the weights and the optimizer in float32 (no loss scaling needed).  Eager,
   its casts are more kernels to launch: it pays once the launches are gone (``compile``).
+  On a CPU without AVX-512, PyTorch emulates bfloat16 many times slower than float32: the
+  recipe leaves it out there (:func:`check_knobs`).
 """
 import time
 
@@ -25,6 +29,7 @@ from torch.utils.data import DataLoader, RandomSampler, TensorDataset
 import d2lmini
 from d2lmini import recipe
 from d2lmini import torch as d2l
+from d2lmini.hardware import cpu_bf16_gap
 
 KNOBS = ("channels_last", "benchmark", "compile", "bf16")
 # The ladder the benchmark measures: each rung adds one setting to the one before.
@@ -32,6 +37,22 @@ LADDER = [("defaults", ()), ("channels_last", ("channels_last",)),
           ("+ cudnn.benchmark", ("channels_last", "benchmark")),
           ("+ torch.compile", ("channels_last", "benchmark", "compile")),
           ("+ bf16 autocast", ("channels_last", "benchmark", "compile", "bf16"))]
+
+
+def check_knobs(knobs, device):
+    """Refuses, by name and with the reason, a knob that does not pay on `device`: bfloat16 on
+    a CPU whose oneDNN has no bfloat16 kernels (below AVX-512), where PyTorch emulates it
+    5-12x slower than float32."""
+    if ("bf16" in knobs and device.type == "cpu"
+            and not torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+        raise RuntimeError("knob bf16 does not pay on this CPU: "
+                           f"{cpu_bf16_gap() or 'oneDNN has no bfloat16 kernels here'}; "
+                           "PyTorch would emulate it, 5-12x slower than float32")
+
+
+def default_knobs(device):
+    """The knobs ``--knobs`` defaults to on `device`: all that :func:`check_knobs` accepts."""
+    return recipe.accepted_knobs(check_knobs, KNOBS, device)
 
 
 def prepare(net, device, knobs=()):
@@ -83,10 +104,11 @@ def evaluate(net, X, y, device, batch_size=256):
 
 
 def main(argv=None):
-    args = recipe.parse_args(argv, knobs=KNOBS)           # --knobs: default all of them
-    knobs = args.knobs
-    data = recipe.load_data(args)
     device = d2l.try_gpu()
+    args = recipe.parse_args(argv, knobs=KNOBS, default_knobs=default_knobs(device))
+    knobs = args.knobs                                    # --knobs: default all that pay here
+    check_knobs(knobs, device)
+    data = recipe.load_data(args)
     net = d2l.resnet18(10, 1, width=args.width)
     d2l.canonical_init(net, d2lmini.resnet18_init(width=args.width, seed=args.seed))
     model = prepare(net, device, knobs)

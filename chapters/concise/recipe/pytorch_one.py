@@ -56,13 +56,15 @@ def main():
     loss_fn = nn.CrossEntropyLoss()
     train_set = TensorDataset(torch.from_numpy(data.X_train), torch.from_numpy(data.y_train))
     sampler = RandomSampler(train_set, generator=torch.Generator())
-    loader = DataLoader(train_set, batch_size=batch_size, sampler=sampler)
+    loader = DataLoader(train_set, batch_size=batch_size, sampler=sampler,
+                        pin_memory=device.type == "cuda")   # page-locked: copies run async
     for epoch in range(args.epochs):
         sampler.generator.manual_seed(args.seed + epoch)  # a new order each epoch, seeded
         model.train()
         start, losses = time.perf_counter(), []
         for X, y in loader:
-            losses.append(train_step(model, loss_fn, optimizer, X.to(device), y.to(device)))
+            losses.append(train_step(model, loss_fn, optimizer, X.to(device, non_blocking=True),
+                                     y.to(device, non_blocking=True)))
         loss = torch.stack(losses).mean().item()          # one wait, for the last step
         seconds = time.perf_counter() - start
         test_acc = evaluate(net, data.X_test, data.y_test, device)
