@@ -26,12 +26,12 @@ __all__ = ["Accumulator", "Animator", "BatchIterator", "DataError", "DevicePlan"
            "Profile", "TEXT_LABELS", "Timer", "check_device_count", "find_data_dir",
            "get_fashion_mnist_labels", "get_profile", "host_has_gpu", "load_fashion_mnist",
            "num_simulated_devices", "resnet18_init", "resnet18_spec", "shard_slices",
-           "show_diff", "train_summary", "unified_diff"]
+           "show_diff", "train_summary", "unified_diff", "evaluate_accuracy_with"]
 from .collectives import Transfer, chunk_slices, naive_schedule, ring_schedule, traffic
 
 __all__ += ["Transfer", "chunk_slices", "naive_schedule", "ring_schedule", "traffic"]
 from . import results  # noqa: E402,F401  (records START_DIR: where this process started)
-from . import recipe  # noqa: E402  (the concise chapter's shared recipe code)
+from . import recipe  # noqa: E402,F401  (the concise chapter's shared recipe code)
 from . import sharding  # noqa: E402  (the sharded chapter's state accounting)
 from . import steptime  # noqa: E402,F401  (one definition of a step's time)
 from .models import LENET_SHAPES, lenet_init  # noqa: E402

@@ -20,7 +20,6 @@ from __future__ import annotations
 import gzip
 import hashlib
 import os
-import shutil
 import tempfile
 import urllib.request
 import zlib

@@ -29,7 +29,7 @@ _mxnet_compat.install()
 
 import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402
-from mxnet import gluon, nd  # noqa: E402
+from mxnet import nd  # noqa: E402
 from mxnet.gluon import nn  # noqa: E402
 
 from .config import device_plan  # noqa: E402

@@ -22,7 +22,6 @@ deep-learning framework; ``tools/step_bench.py`` drives the frameworks.
 from __future__ import annotations
 
 import dataclasses
-import math
 import statistics
 import time
 from typing import Callable, Iterable, Sequence

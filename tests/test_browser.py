@@ -7,7 +7,6 @@ import os
 import re
 import shutil
 import threading
-from pathlib import Path
 from urllib.parse import unquote, urljoin, urlparse
 
 import pytest

@@ -72,7 +72,7 @@ def test_a_machine_with_more_gpus_may_use_them_all(host):
 
 
 # --- which devices a lesson uses ----------------------------------------------------------
-from d2lmini import config, hardware  # noqa: E402
+from d2lmini import config  # noqa: E402
 
 def test_plan_without_gpus_simulates_the_requested_count(host):
     host(0)

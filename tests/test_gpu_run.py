@@ -2,7 +2,6 @@
 no benchmark.  CUDA_VISIBLE_DEVICES is emptied so that these tests mean the same on a GPU host."""
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path

@@ -8,7 +8,6 @@ excludes the loading and waits for the device; the epoch time includes the loadi
 import concurrent.futures
 import importlib.util
 import json
-import sys
 import time
 from pathlib import Path
 

@@ -21,7 +21,6 @@ cores are listed in :data:`NOT_REHEARSED` with the reason their thresholds are s
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import json
 import os

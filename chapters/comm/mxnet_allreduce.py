@@ -7,7 +7,6 @@ n-byte float32 buffer per device once and waits for the result.
 from __future__ import annotations
 
 import mxnet as mx
-import numpy as np
 from mxnet import nd
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 import d2lmini
-from d2lmini import paddle as d2l   # imports paddle first (and filters its import warning)
+from d2lmini import paddle as d2l  # noqa: F401 -- imported for its effect: paddle first, its warning filtered
 from d2lmini import sharding as sh
 import paddle
 import paddle.distributed as dist

@@ -24,6 +24,8 @@ collective to time), one module per job; every name is also here, ``commcost.<na
   (``hierarchy_step``, ``hierarchy_rows``);
 - ``overlap``: whether measured step times show hidden communication (``overlap_verdict``);
 - ``records``: the results file and the printed fits and tables;
+- ``lab``: what each framework's lab does with its measurements (``fit_lab``: the fits, their
+  report, figure, check and regimes; ``scratch_costs``; the record);
 - ``plots``: every figure (``plot_*``);
 - ``worker``: what a launched rank of the chapter's worker scripts does;
 - ``formatting``: significant figures, bytes and seconds as the book prints them.
@@ -53,13 +55,15 @@ from .predict import (allreduce_table, DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES,
                       predict_step, bucket_timeline, MIN_PER_GPU_BATCH, device_limit,
                       best_speedup, critical_batch, speedup_rows, speedup_table)
 from .roofline import (comm_seconds, roofline_batch, layer_batches, threshold_rows,
-                       threshold_table, plot_compute_bound)
-from .hierarchy import (Cluster, H100_CLUSTER, cluster_latency, cluster_time, cluster_choice,
+                       threshold_table, plot_compute_bound, gpus_of, link_label)
+from .hierarchy import (Cluster, AcrossNodes, H100_CLUSTER, cluster_latency, cluster_time, cluster_choice,
                         HIERARCHY_SCHEMES, hierarchy_collectives, hierarchy_step, hierarchy_rows,
                         hierarchy_table, plot_hierarchy)
 from .overlap import hidden_fraction, clearly_greater, overlap_verdict, overlap_report
 from .records import record, report, table
-from .plots import plot_overlap_timeline, plot_roofline, plot_speedups, plot_fits
+from .lab import FIT_BOUND, LabFits, fit_lab, check_regimes, scratch_costs
+from .plots import (plot_overlap_timeline, plot_roofline, plot_speedups, plot_fits,
+                    scaling_speedups, plot_scaling)
 from .worker import add_worker_arguments, rank_sweep
 
 __all__ = ["allreduce_table", "SCHEMES", "coefficients", "model_time", "Fit", "fit", "crossover",
@@ -85,4 +89,8 @@ __all__ = ["allreduce_table", "SCHEMES", "coefficients", "model_time", "Fit", "f
            "comm_seconds", "roofline_batch", "layer_batches", "threshold_rows", "threshold_table",
            "plot_compute_bound", "Cluster", "H100_CLUSTER", "cluster_latency", "cluster_time",
            "cluster_choice", "HIERARCHY_SCHEMES", "hierarchy_collectives", "hierarchy_step",
-           "hierarchy_rows", "hierarchy_table", "plot_hierarchy"]
+           "hierarchy_rows", "hierarchy_table", "plot_hierarchy", "FIT_BOUND", "LabFits",
+           "fit_lab", "check_regimes", "scratch_costs", "AcrossNodes", "gpus_of",
+           "link_label", "BANDWIDTH_OPTIMAL", "NCCL_TREE_EFFICIENCY", "NCCL_TREE_LL_FACTOR",
+           "NCCL_TREE_LL128_FACTOR", "add_worker_arguments", "rank_sweep", "scaling_speedups",
+           "plot_scaling"]

@@ -60,6 +60,34 @@ class Cluster:
         return dataclasses.replace(self.inter, bandwidth=self.inter.bandwidth * share)
 
 
+@dataclass(frozen=True)
+class AcrossNodes:
+    """A flat ring over ``nodes`` nodes of ``cluster`` (every GPU of every node), as the
+    roofline sees it: its GPUs, and the bandwidth of a GPU's share of the ring
+    (:meth:`Cluster.flat_bandwidth`: on an H100 server the node's 8 cards, 400 GB/s, not one
+    card's 50 GB/s)."""
+    cluster: Cluster
+    nodes: int = 2
+
+    def __post_init__(self):
+        if self.nodes < 2:
+            raise ValueError(f"across nodes means 2 or more nodes, not {self.nodes}")
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.cluster.gpus_per_node
+
+    @property
+    def bandwidth(self) -> float:
+        return self.cluster.flat_bandwidth()
+
+    @property
+    def name(self) -> str:
+        c = self.cluster
+        return (f"{self.nodes} nodes of {c.gpus_per_node} GPUs, {c.nics_per_node} "
+                f"{c.inter.name} cards a node")
+
+
 H100_CLUSTER = Cluster("H100 servers: 8 GPUs on NVLink 4, one InfiniBand NDR card per GPU",
                        LINKS["NVLink 4 (H100 SXM)"], LINKS["InfiniBand NDR"])
 
@@ -163,19 +191,21 @@ def hierarchy_collectives(unit_bytes, scheme: str, nodes: int, cluster: Cluster 
                           regather: bool = True) -> list[tuple[str, str, float]]:
     """The collectives of one step, ``[(where, op, bytes of the whole buffer)]``, ``where`` one
     of "flat" (every GPU of every node), "node" (the GPUs of one node), "across" (one GPU per
-    node, the node's GPUs side by side).  Per unit (layer, or DDP's bucket) of ``unit_bytes``:
-    DDP, a flat all-reduce; FSDP, flat all-gathers before forward and (``regather``, FSDP's
-    ``reshard_after_forward``) before backward, and a flat reduce-scatter; HSDP, the same three
-    inside the node, then an all-reduce across nodes of the node's shard, 1/gpus_per_node of
-    the unit."""
+    node, the node's GPUs side by side).  ``unit_bytes``: the model's units (layers, forward
+    order).  DDP all-reduces the gradient in its 25 MiB buckets (:func:`bucket_sizes`), flat;
+    per unit, FSDP all-gathers before forward and
+    (``regather``, FSDP's ``reshard_after_forward``) before backward and reduce-scatters, flat;
+    HSDP does the same three inside the node, then all-reduces across nodes the node's shard,
+    1/gpus_per_node of the unit."""
     if scheme not in HIERARCHY_SCHEMES:
         raise ValueError(f"scheme must be one of {HIERARCHY_SCHEMES}, got {scheme!r}")
+    if scheme == "DDP":
+        from .predict import DDP_BUCKET_BYTES, bucket_sizes
+        return [("flat", "all-reduce", b)
+                for b in bucket_sizes(float(sum(unit_bytes)), DDP_BUCKET_BYTES)]
     gathers = 2 if regather else 1
     out = []
     for u in unit_bytes:
-        if scheme == "DDP":
-            out.append(("flat", "all-reduce", u))
-            continue
         where = "flat" if scheme == "FSDP" else "node"
         out += [(where, "all-gather", u)] * gathers + [(where, "reduce-scatter", u)]
         if scheme == "HSDP":
@@ -186,14 +216,21 @@ def hierarchy_collectives(unit_bytes, scheme: str, nodes: int, cluster: Cluster 
 def hierarchy_step(unit_bytes, scheme: str, nodes: int, cluster: Cluster = H100_CLUSTER,
                    regather: bool = True) -> dict:
     """One step's collectives (:func:`hierarchy_collectives`) priced with NCCL's model, one
-    after another (no overlap): ``{"seconds", "flat_s", "node_s", "across_s",
-    "nic_bytes"}``.  ``nic_bytes``: what each network card sends in the step, the ring's
+    after another (no overlap): ``{"seconds", "flat_s", "node_s", "across_s", "bandwidth_s",
+    "latency_s", "nic_bytes"}``.  ``bandwidth_s``: the bytes alone, each collective's ``b``
+    times its bytes over its link's bandwidth (a flat ring across nodes: the node's cards,
+    :meth:`Cluster.flat_bandwidth`); ``latency_s``: the rest of NCCL's model, its latencies
+    (per ring step: a flat ring over 16 nodes has 127) and protocols' efficiencies.  ``nic_bytes``: what each network card sends in the step, the ring's
     ``b`` times the bytes -- over all a node's cards for a flat ring (each ring crosses the
     node's boundary once), one card for its GPU's all-reduce across nodes."""
     g = cluster.gpus_per_node
     parts = {"flat": 0.0, "node": 0.0, "across": 0.0}
-    nic = 0.0
+    nic = bandwidth = 0.0
+    link_bw = {"flat": cluster.flat_bandwidth() if nodes > 1 else cluster.intra.bandwidth,
+               "node": cluster.intra.bandwidth, "across": cluster.across().bandwidth}
+    gpus = {"flat": nodes * g, "node": g, "across": nodes}
     for where, op, n in hierarchy_collectives(unit_bytes, scheme, nodes, cluster, regather):
+        bandwidth += collective_coefficients(op, gpus[where])[1] * n / link_bw[where]
         if where == "flat":
             parts[where] += cluster_time(op, n, nodes, cluster)
             if nodes > 1:
@@ -206,7 +243,8 @@ def hierarchy_step(unit_bytes, scheme: str, nodes: int, cluster: Cluster = H100_
                 nic += (collective_coefficients(op, nodes)[1] * n
                         * max(1.0, g / cluster.nics_per_node))
     return {"seconds": sum(parts.values()), "flat_s": parts["flat"], "node_s": parts["node"],
-            "across_s": parts["across"], "nic_bytes": nic}
+            "across_s": parts["across"], "bandwidth_s": bandwidth,
+            "latency_s": sum(parts.values()) - bandwidth, "nic_bytes": nic}
 
 
 def hierarchy_rows(unit_bytes, nodes_list, cluster: Cluster = H100_CLUSTER,
@@ -225,16 +263,19 @@ def hierarchy_rows(unit_bytes, nodes_list, cluster: Cluster = H100_CLUSTER,
 
 def hierarchy_table(rows: list[dict]) -> str:
     """A Markdown table of :func:`hierarchy_rows`: one row per node count, per scheme the
-    step's collectives' time (and its ratio to DDP's) and the bytes each card sends."""
+    step's collectives' time (and its ratio to DDP's), the same with the bandwidth terms only
+    (no latency), and the bytes each card sends."""
     from .formatting import fmt_bytes, fmt_seconds
     schemes = list(dict.fromkeys(r["scheme"] for r in rows))
-    lines = ["| nodes (GPUs) | " + " | ".join(schemes) + " | bytes per card: "
-             + ", ".join(schemes) + " |", "|---|" + "---:|" * (len(schemes) + 1)]
+    lines = ["| nodes (GPUs) | " + " | ".join(schemes) + " | bandwidth only: "
+             + ", ".join(schemes) + " | bytes per card: " + ", ".join(schemes) + " |",
+             "|---|" + "---:|" * (len(schemes) + 2)]
     for nodes in dict.fromkeys(r["nodes"] for r in rows):
         cells = {r["scheme"]: r for r in rows if r["nodes"] == nodes}
         gpus = cells[schemes[0]]["gpus"]
         lines.append(f"| {nodes} ({gpus}) | " + " | ".join(
             f"{fmt_seconds(cells[s]['seconds'])} ({cells[s]['vs_ddp']:.2f}x)" for s in schemes)
+            + " | " + ", ".join(fmt_seconds(cells[s]["bandwidth_s"]) for s in schemes)
             + " | " + ", ".join(fmt_bytes(cells[s]["nic_bytes"]) for s in schemes) + " |")
     return "\n".join(lines)
 

@@ -177,8 +177,9 @@ def load_step_shape(path, framework: str, rung: str):
                                    f"{sorted(pts)} -- a shape needs two batches or more")
     fit = fit_step_time(list(pts), list(pts.values()))
     return fit, (f"measured: {path.parent.name}/{path.name}, {where}, {framework} {version}, "
-                 f"{date}, batches {', '.join(map(str, sorted(pts)))} (the line within "
-                 f"{fit.max_rel_error:.0%})")
+                 f"{date}, batches {', '.join(map(str, sorted(pts)))} "
+                 + ("(two points: the line passes through both)" if len(pts) == 2 else
+                    f"(the line within {fit.max_rel_error:.0%})"))
 
 
 def resnet18_step_times(batch: int) -> dict[str, StepTime]:

@@ -127,6 +127,55 @@ def plot_roofline(steps: dict[str, "StepTime"], n_bytes: float,
     return fig
 
 
+def scaling_speedups(step: "StepTime", n_bytes: float, link: Link, ks, *, global_batch: int,
+                     weak_batch: int) -> dict[str, list[float]]:
+    """Predicted speed-ups on k GPUs of ``link`` (no overlap) from one GPU's measured ``step``:
+    ``"strong"``, ``global_batch`` split over k (up to :func:`device_limit`; NaN beyond), and
+    ``"weak"``, ``weak_batch`` images per GPU and the global batch growing with k."""
+    import dataclasses
+    whole = dataclasses.replace(step, seconds=step.at(global_batch), batch=global_batch)
+    one = step.at(weak_batch)
+    limit = device_limit(global_batch, link)
+    strong = [predict_step(whole, n_bytes, int(j), link, overlap=False)["speedup"]
+              if j <= limit else math.nan for j in ks]
+    weak = [j * one / (one + (collective_time("all-reduce", n_bytes, int(j), link)
+                              if j > 1 else 0.0)) for j in ks]
+    return {"strong": strong, "weak": weak}
+
+
+def plot_scaling(steps: dict[str, StepTime], n_bytes: float, link: Link, *,
+                 global_batch: int = 256, weak_batch: int = MIN_PER_GPU_BATCH, title: str = ""):
+    """The chapter's takeaway in one figure: predicted speed-up against k GPUs of ``link``
+    (no overlap) for each measured one-GPU step, strong scaling (``global_batch`` split over k,
+    solid) and weak scaling (``weak_batch`` per GPU, dotted), against the ideal k.  Returns
+    the matplotlib figure."""
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
+    ks = np.arange(1, (link.domain or NODE_GPUS) + 1)
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    ax.plot(ks, ks, "-", color="lightgray", lw=3, zorder=0, label="ideal: k")
+    for j, (label, s) in enumerate(steps.items()):
+        sp = scaling_speedups(s, n_bytes, link, ks, global_batch=global_batch,
+                              weak_batch=weak_batch)
+        name = label.removeprefix("measured, ")
+        ax.plot(ks, sp["strong"], "-o", color=f"C{j}", ms=3, lw=1.3,
+                label=f"strong ({global_batch} in all), {name}")
+        ax.plot(ks, sp["weak"], ":", color=f"C{j}", lw=1.6,
+                label=f"weak ({weak_batch} per GPU), {name}")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log", base=2)
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.set_ylim(0.85, 4 * ks[-1])                      # room for the legend above the lines
+    ax.set_xlabel(f"GPUs k ({link.name})")
+    ax.set_ylabel("predicted speed-up")
+    ax.legend(fontsize=6.5, loc="upper left")
+    if title:
+        ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
 def plot_speedups(steps: dict[str, StepTime], n_bytes: float, links: Iterable[Link],
                   global_batch: int, title: str = "", layers: list[dict] | None = None):
     """Predicted speed-up against k, one panel per link, k up to :func:`device_limit`: one

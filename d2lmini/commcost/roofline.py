@@ -3,20 +3,28 @@
 Computing a step's share of B examples takes ``B F / C`` on a GPU of peak rate C (F: FLOPs per
 example, a training step's three times the forward pass); communicating takes ``b(k) n / W``
 for a collective that puts ``b(k) n`` bytes on each GPU's link of bandwidth W (the ring's
-all-reduce ``2(k-1)/k n``).  The compute hides the communication when
+all-reduce ``2(k-1)/k n``).  Two thresholds follow:
 
-    B F / (b(k) n)  >  C / W:
+* **compute equals communication**: ``B F / (b(k) n) = C / W`` with the whole step's FLOPs
+  (3 forward passes): below it, a step without overlap spends longer communicating than
+  computing;
+* **DDP hides its all-reduce**: the all-reduce can overlap only the backward pass (2 forward
+  passes' FLOPs), so hiding it needs ``2/3 B F / (b(k) n) > C / W``: 1.5 times the first
+  batch.  This is the JAX scaling book's condition for pure data parallelism (*How to
+  Parallelize a Transformer for Training*: the backward pass's FLOPs against the gradient's
+  all-reduce, ``B/X > C/W`` tokens per chip for a transformer, about 2,200 on an H100 inside
+  a node at its bfloat16 peak).
 
-the step's FLOPs per byte sent must exceed the card's FLOPs per byte of the link (the JAX
-scaling book's "ICI operational intensity", chapter *How to Parallelize a Transformer for
-Training*).  ``roofline_batch`` is that threshold ``B* = C b(k) n / (F W)``; with
-``latency=True`` the byte term is NCCL's whole modelled time (:func:`collective_time`), as
-for a layer's all-gather, which is mostly latency.  Under FSDP each layer's all-gather must
-hide behind that layer's forward pass (prefetching): ``layer_batches``.  This is the ideal
-threshold at the datasheet's peak; the measured step's (:func:`critical_batch`, from
-``T0 + B t``) is lower -- a step that reaches a fraction u of the peak needs about u times the
-batch, and a fixed part T0 lowers it further -- because its compute is slow, not because its
-communication is fast.
+``roofline_batch`` is ``B* = C t_comm / F`` for the FLOPs it is given: ``3 F`` for the first,
+``2 F`` for the second.  W is a link's bandwidth, or for a ring across nodes of several GPUs
+(:class:`AcrossNodes`) a GPU's share of the node's cards, not one card's.  With
+``latency=True`` the byte term is NCCL's whole modelled time (:func:`collective_time`,
+:func:`cluster_time`), as for a layer's all-gather, which is mostly latency.  Under FSDP each
+layer's all-gather must hide behind that layer's forward pass (prefetching):
+``layer_batches``.  These are ideal thresholds at the datasheet's peak; the measured step's
+(:func:`critical_batch`, from ``T0 + B t``) is lower -- a step that reaches a fraction u of
+the peak needs about u times the batch, and a fixed part T0 lowers it further -- because its
+compute is slow, not because its communication is fast.
 """
 from __future__ import annotations
 
@@ -26,26 +34,54 @@ import numpy as np
 
 from .alphabeta import collective_coefficients
 from .formatting import sig
+from .hierarchy import AcrossNodes, cluster_time
 from .nccl import Link, collective_time
 from .predict import critical_batch
 
 
-def comm_seconds(op: str, n_bytes: float, k: int, link: Link, latency: bool = False) -> float:
-    """The time of ``op`` on ``n_bytes`` over k GPUs: its bandwidth term ``b(k) n / W`` (the
-    roofline's), or with ``latency`` NCCL's whole model (:func:`collective_time`)."""
+def gpus_of(link, k: int) -> int:
+    """The GPUs a collective over ``link`` spans: k, or an :class:`AcrossNodes`' own."""
+    return link.gpus if isinstance(link, AcrossNodes) else k
+
+
+def comm_seconds(op: str, n_bytes: float, k: int, link: Link | AcrossNodes,
+                 latency: bool = False) -> float:
+    """The time of ``op`` on ``n_bytes`` over k GPUs (an :class:`AcrossNodes` brings its own
+    k): its bandwidth term ``b(k) n / W`` (the roofline's), or with ``latency`` NCCL's whole
+    model (:func:`collective_time`, :func:`cluster_time`)."""
+    k = gpus_of(link, k)
     if latency:
+        if isinstance(link, AcrossNodes):
+            return float(cluster_time(op, n_bytes, link.nodes, link.cluster))
         return float(collective_time(op, n_bytes, k, link))
     return collective_coefficients(op, k)[1] * n_bytes / link.bandwidth
 
 
-def roofline_batch(flop_per_example: float, n_bytes: float, k: int, link: Link,
+def roofline_batch(flop_per_example: float, n_bytes: float, k: int, link: Link | AcrossNodes,
                    peak_flops: float, *, op: str = "all-reduce", latency: bool = False) -> float:
-    """The per-GPU batch ``B*`` above which computing ``B`` examples at ``peak_flops`` takes
-    longer than ``op`` on ``n_bytes`` over k GPUs on ``link``: ``peak * t_comm /
-    flop_per_example``.  With the bandwidth term, ``B* = (C / W) / (F / (b(k) n))``: the card's
-    FLOPs per link byte over the step's FLOPs per byte per example.  0 for k = 1."""
+    """The per-GPU batch ``B*`` above which computing ``B`` examples of ``flop_per_example``
+    FLOPs at ``peak_flops`` takes longer than ``op`` on ``n_bytes`` over k GPUs on ``link``:
+    ``peak * t_comm / flop_per_example``.  With the bandwidth term, ``B* = (C / W) / (F /
+    (b(k) n))``: the card's FLOPs per link byte over the FLOPs per byte per example.  Pass the
+    whole step's FLOPs (3 forward passes) for "compute equals communication", the backward
+    pass's (2) for "DDP hides its all-reduce".  0 for k = 1.
+
+    The JAX scaling book's data-parallel condition for a transformer of P weights (2P forward
+    FLOPs per token, so 4P in the backward pass; a bfloat16 gradient of 2P bytes), on 8 H100s
+    over NVLink: C/W, about 2,200, times (k-1)/k:
+
+    >>> from d2lmini import commcost as cc
+    >>> h100, nvlink = cc.GPUS["H100 SXM"], cc.LINKS["NVLink 4 (H100 SXM)"]
+    >>> round(h100.peak("bf16") / nvlink.bandwidth)          # C / W, FLOPs per byte of link
+    2199
+    >>> P = 1.5e9
+    >>> round(cc.roofline_batch(2 * 2 * P, 2 * P, 8, nvlink, h100.peak("bf16")))   # tokens a GPU
+    1924
+    """
     if flop_per_example <= 0 or peak_flops <= 0:
         raise ValueError("need positive FLOPs per example and a positive peak rate")
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k is the number of GPUs: a positive integer, got {k!r}")
     return peak_flops * comm_seconds(op, n_bytes, k, link, latency) / flop_per_example
 
 
@@ -64,26 +100,40 @@ def layer_batches(layers: list[dict], k: int, link: Link, peak_flops: float, *,
             for l in layers]
 
 
+def link_label(link) -> str:
+    """A link as the thresholds name it: a network card alone is a GPU's whole link only with
+    one GPU per node, and says so."""
+    if isinstance(link, Link) and link.hw == "NET":
+        return f"{link.name}, one GPU a node"
+    return link.name
+
+
 def threshold_rows(models: dict, links, gpu, k: int, numerics=("tf32", "bf16")) -> list[dict]:
-    """One row per model and link: the roofline ``B*`` of the step's all-reduce at each of
-    ``gpu``'s peaks (bandwidth term, and with NCCL's latency), the measured step's
+    """One row per model and link: at each of ``gpu``'s peaks the batch where compute equals
+    the all-reduce (``row[num]``: the whole step's FLOPs; ``"<num>, latency"`` with NCCL's
+    latency) and the batch above which DDP hides it behind the backward pass (``"<num>,
+    hides"``: the backward pass's FLOPs, 1.5 times the first), the measured step's
     :func:`critical_batch` where a model has one, and FSDP's per-layer all-gather thresholds
-    (with NCCL's latency) at the last peak.  ``models``: ``{name: {"flops" (forward, one
+    (with NCCL's latency) at the last peak.  ``links``: :class:`Link` s over k GPUs, or
+    :class:`AcrossNodes` (its own GPUs).  ``models``: ``{name: {"flops" (forward, one
     example), "bytes" (gradient), "unit" ("images", "tokens"), "layers" (optional),
     "steps" (optional ``{label: StepTime}``)}}``."""
     out = []
     for name, m in models.items():
         for link in links:
-            row = {"model": name, "unit": m["unit"], "link": link.name, "k": k,
+            kk = gpus_of(link, k)
+            row = {"model": name, "unit": m["unit"], "link": link_label(link), "k": kk,
                    "bytes": m["bytes"], "flop_per_example": 3.0 * m["flops"]}
             for num in numerics:
                 peak = gpu.peak(num)
-                row[num] = roofline_batch(3.0 * m["flops"], m["bytes"], k, link, peak)
-                row[f"{num}, latency"] = roofline_batch(3.0 * m["flops"], m["bytes"], k, link,
+                row[num] = roofline_batch(3.0 * m["flops"], m["bytes"], kk, link, peak)
+                row[f"{num}, hides"] = roofline_batch(2.0 * m["flops"], m["bytes"], kk, link, peak)
+                row[f"{num}, latency"] = roofline_batch(3.0 * m["flops"], m["bytes"], kk, link,
                                                         peak, latency=True)
-            row["measured"] = {label: critical_batch(s, m["bytes"], k, link)
-                               for label, s in (m.get("steps") or {}).items()}
-            if m.get("layers"):
+            row["measured"] = ({label: critical_batch(s, m["bytes"], kk, link)
+                                for label, s in (m.get("steps") or {}).items()}
+                               if isinstance(link, Link) else {})
+            if m.get("layers") and isinstance(link, Link):
                 per = layer_batches(m["layers"], k, link, gpu.peak(numerics[-1]))
                 row["layers"] = per
                 row["layer_median"] = float(np.median([p["batch"] for p in per]))
@@ -97,17 +147,21 @@ def _count(x: float) -> str:
 
 
 def threshold_table(rows: list[dict], numerics=("tf32", "bf16")) -> str:
-    """A Markdown table of :func:`threshold_rows`: per-GPU batch above which a step is
-    compute-bound, at each peak (roofline) and as measured; FSDP's per-layer median."""
-    lines = ["| model | link | " + " | ".join(f"roofline, {n.upper()} peak" for n in numerics)
-             + f" | measured step | FSDP by layer, median ({numerics[-1].upper()} peak) |",
-             "|---|---|" + "---:|" * (len(numerics) + 2)]
+    """A Markdown table of :func:`threshold_rows`, per GPU: the batch where compute equals the
+    all-reduce at each peak, the batch above which DDP hides it behind backward (last peak),
+    the measured step's, and FSDP's per-layer median."""
+    last = numerics[-1].upper()
+    lines = ["| model | link | GPUs | " + " | ".join(f"compute = all-reduce, {n.upper()}"
+                                                    for n in numerics)
+             + f" | DDP hides it, {last} | measured step | FSDP by layer, median ({last}) |",
+             "|---|---|---:|" + "---:|" * (len(numerics) + 3)]
     for r in rows:
         measured = "; ".join(f"{_count(v)} ({label.removeprefix('measured, ')})"
                              for label, v in r["measured"].items()) or "--"
-        lines.append(f"| {r['model']} ({r['unit']}) | {r['link']} | "
+        lines.append(f"| {r['model']} ({r['unit']}) | {r['link']} | {r['k']} | "
                      + " | ".join(_count(r[n]) for n in numerics)
-                     + f" | {measured} | {_count(r['layer_median']) if 'layers' in r else '--'} |")
+                     + f" | {_count(r[numerics[-1] + ', hides'])} | {measured} | "
+                     + f"{_count(r['layer_median']) if 'layers' in r else '--'} |")
     return "\n".join(lines)
 
 

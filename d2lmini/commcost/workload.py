@@ -27,12 +27,14 @@ class Gpu:
         return rate
 
 
-# The datasheets print the tensor-core rates with 2:4 structured sparsity; dense is half of it.
+# The datasheets print the tensor-core rates with 2:4 structured sparsity; dense is half of it
+# (the H100's from the architecture whitepaper, which prints the dense rates themselves).
 GPUS: dict[str, Gpu] = {
     "H100 SXM": Gpu("H100 SXM", 67e12,
-                    "NVIDIA H100 Tensor Core GPU datasheet: FP32 67 TFLOPS; TF32 989 and BF16 "
-                    "1,979 TFLOPS with sparsity, dense half of it",
-                    tf32_flops=989e12 / 2, bf16_flops=1979e12 / 2),
+                    "NVIDIA H100 Tensor Core GPU datasheet: FP32 67 TFLOPS; NVIDIA H100 Tensor "
+                    "Core GPU Architecture whitepaper (H100 SXM5): dense TF32 494.7 and BF16 "
+                    "989.4 TFLOPS",
+                    tf32_flops=494.7e12, bf16_flops=989.4e12),
     "A100 SXM": Gpu("A100 SXM", 19.5e12,
                     "NVIDIA A100 Tensor Core GPU datasheet: FP32 19.5 TFLOPS; TF32 156 and BF16 "
                     "312 TFLOPS dense", tf32_flops=156e12, bf16_flops=312e12),

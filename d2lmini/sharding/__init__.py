@@ -9,7 +9,8 @@ One module per job; every name is also here, ``sharding.<name>``:
 - ``peak``: the peak *during* a step, moment by moment, of the six ``SCHEMES`` on the
   section's MLP (``peak_timeline``, ``peak_bytes``, ``peak_rows``);
 - ``activations``: activation memory with recomputation by segments (``activation_peak``,
-  ``recompute_flops``, ``plot_activations``);
+  ``recompute_flops``, ``plot_activations``), and a transformer layer's (Korthikanti et al.:
+  ``transformer_activation_bytes``);
 - ``stagetime``: each scheme's collectives in a step and their predicted time
   (``step_collectives``, ``stage_time_rows``);
 - ``knobs``: FSDP's knobs (``param_dtype``, prefetch, gradient sync, meta-device init) on
@@ -22,14 +23,14 @@ from __future__ import annotations
 from ..commcost.workload import gpt2_units
 from .state import (STAGES, STAGE_NAMES, PARTS, SHARDED_PARTS, ALLCLOSE_ATOL, Precision,
                     FP32_ADAM, MIXED_ADAM, reduce_scatter_schedule, all_gather_schedule,
-                    shard_sizes, state_bytes, bytes_per_parameter, step_traffic, table_counts,
+                    shard_sizes, state_bytes, bytes_per_parameter, zero_stage, step_traffic, table_counts,
                     memory_rows, memory_ok, row_shard_elements, memory_table)
 from .peak import (SCHEMES, scheme_stage, MLP_WIDTHS, layer_sizes, mlp_init,
                    peak_timeline, peak_parts, peak_bytes, peak_rows, peak_table, peak_ok,
                    peak_rss_bytes, max_abs_diff)
 from .activations import (RECOMPUTE_SEGMENTS, RECOMPUTE_ROWS, activation_timeline,
                           activation_peak, recompute_flops, activation_rows, activation_table,
-                          plot_activations)
+                          plot_activations, TRANSFORMER_RECOMPUTE, transformer_activation_bytes)
 from .stagetime import step_collectives, step_comm_time, stage_time_rows, stage_time_table
 from .knobs import (BF16_GRAD_TOL, mlp_units, fsdp_collective_bytes, gathered_elements,
                     prefetch_bytes, kept_grad_bytes, init_peak_bytes, fsdp_init_peak_bytes,
@@ -37,7 +38,8 @@ from .knobs import (BF16_GRAD_TOL, mlp_units, fsdp_collective_bytes, gathered_el
 
 __all__ = ["STAGES", "STAGE_NAMES", "SHARDED_PARTS", "PARTS", "Precision", "FP32_ADAM",
            "MIXED_ADAM", "reduce_scatter_schedule", "all_gather_schedule", "shard_sizes",
-           "state_bytes", "bytes_per_parameter", "step_traffic", "table_counts", "memory_rows",
+           "state_bytes", "bytes_per_parameter", "zero_stage", "TRANSFORMER_RECOMPUTE",
+           "transformer_activation_bytes", "step_traffic", "table_counts", "memory_rows",
            "memory_table", "memory_ok", "row_shard_elements", "peak_rss_bytes", "max_abs_diff",
            "ALLCLOSE_ATOL", "SCHEMES", "scheme_stage", "MLP_WIDTHS", "mlp_init", "layer_sizes",
            "peak_timeline", "peak_bytes", "peak_parts", "peak_rows", "peak_table", "peak_ok",

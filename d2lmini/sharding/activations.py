@@ -135,3 +135,40 @@ def plot_activations(rows: list[dict], depths=(8, 32, 128), width: int = 256,
     return ax
 
 
+
+
+#: What a transformer layer keeps for its backward pass (Korthikanti et al. 2022, *Reducing
+#: Activation Recomputation in Large Transformer Models*, section 4.1), in bytes with 16-bit
+#: activations: ``none`` stores everything, ``s b h (34 + 5 a s / h)`` -- the 5 a s / h part is
+#: attention's a score matrices of s x s per sample (softmax input and output, dropout mask);
+#: ``selective`` (or a fused attention kernel such as FlashAttention, which never stores the
+#: scores) keeps ``34 s b h``; ``full`` recomputation keeps only the layer's input, ``2 s b h``.
+TRANSFORMER_RECOMPUTE = ("none", "selective", "full")
+
+
+def transformer_activation_bytes(seq: int, batch: int, width: int, heads: int, *,
+                                 layers: int = 1, recompute: str = "none") -> float:
+    """Activation bytes of ``layers`` transformer layers for one step (sequence ``seq``, batch
+    ``batch``, hidden size ``width``, ``heads`` attention heads; 16-bit activations, no tensor
+    or sequence parallelism; Korthikanti et al. 2022, equation 1 and section 4).  For GPT-3
+    (s = 2048, h = 12288, a = 96) the attention term 5 a s / h is 80, more than the rest's 34:
+
+    >>> from d2lmini.sharding import transformer_activation_bytes as act
+    >>> s, h, a = 2048, 12288, 96
+    >>> act(s, 1, h, a) / (s * h), act(s, 1, h, a, recompute="selective") / (s * h)
+    (114.0, 34.0)
+    >>> act(s, 1, h, a, recompute="full") / (s * h)
+    2.0
+    """
+    if recompute not in TRANSFORMER_RECOMPUTE:
+        raise ValueError(f"recompute must be one of {TRANSFORMER_RECOMPUTE}, got {recompute!r}")
+    for name, v in (("seq", seq), ("batch", batch), ("width", width), ("heads", heads),
+                    ("layers", layers)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    if width % heads:
+        raise ValueError(f"width {width} is not divisible by {heads} heads")
+    sbh = seq * batch * width
+    per_layer = {"none": sbh * (34 + 5 * heads * seq / width), "selective": 34 * sbh,
+                 "full": 2 * sbh}[recompute]
+    return layers * per_layer

@@ -1,0 +1,70 @@
+"""d2lmini's cost and memory functions used as calculators: they reproduce published figures
+(the worked examples in their docstrings run here as doctests), and refuse impossible inputs
+with an error that says what to give."""
+import doctest
+import importlib
+
+import pytest
+
+from d2lmini import commcost as cc
+from d2lmini import sharding as sh
+
+#: modules whose docstrings carry worked examples from published sources
+WORKED = ("d2lmini.sharding.state",        # the ZeRO paper's Figure 1
+          "d2lmini.sharding.activations",  # Korthikanti et al.'s transformer activations
+          "d2lmini.commcost.roofline")     # the JAX scaling book's data-parallel threshold
+
+
+@pytest.mark.parametrize("name", WORKED)
+def test_the_worked_examples_reproduce_the_published_figures(name):
+    result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
+    assert result.attempted >= 2 and result.failed == 0, result
+
+
+@pytest.mark.parametrize("stage, number", [(0, 0), (3, 3), ("ZeRO-2", 2), ("zero_1", 1),
+                                           ("DDP", 0), ("FSDP", 3), ("replicated", 0)])
+def test_a_stage_is_a_number_or_its_name(stage, number):
+    assert sh.zero_stage(stage) == number
+    assert sh.bytes_per_parameter(4, stage) == sh.bytes_per_parameter(4, number)
+
+
+@pytest.mark.parametrize("stage", [4, -1, "ZeRO-4", "stage two", 1.0, True, None])
+def test_an_unknown_stage_is_refused_naming_the_stages(stage):
+    with pytest.raises(ValueError, match="give 0, 1, 2 or 3, or 'ZeRO-1'"):
+        sh.bytes_per_parameter(8, stage)
+
+
+@pytest.mark.parametrize("k", [0, -2, 2.5, True])
+def test_a_device_count_must_be_a_positive_integer(k):
+    with pytest.raises(ValueError, match="positive integer"):
+        sh.bytes_per_parameter(k, 3)
+    with pytest.raises(ValueError, match="positive integer"):
+        cc.roofline_batch(1e9, 1e8, k, cc.LINKS["NVLink 4 (H100 SXM)"], 1e15)
+
+
+def test_transformer_activations_follow_korthikanti_and_refuse_nonsense():
+    act = sh.transformer_activation_bytes
+    s, b, h, a = 1024, 4, 1600, 25                      # GPT-2 XL's shape, batch 4
+    sbh = s * b * h
+    assert act(s, b, h, a) == sbh * (34 + 5 * a * s / h)
+    assert act(s, b, h, a, layers=48) == 48 * act(s, b, h, a)
+    assert act(s, b, h, a, recompute="selective") == 34 * sbh < act(s, b, h, a)
+    assert act(s, b, h, a, recompute="full") == 2 * sbh
+    with pytest.raises(ValueError, match="recompute must be one of"):
+        act(s, b, h, a, recompute="some")
+    with pytest.raises(ValueError, match="not divisible by 7 heads"):
+        act(s, b, h, 7)
+    with pytest.raises(ValueError, match="seq must be a positive integer"):
+        act(0, b, h, a)
+
+
+def test_a_ring_across_nodes_gets_the_nodes_cards_not_one():
+    nodes = cc.AcrossNodes(cc.H100_CLUSTER, nodes=2)
+    assert nodes.gpus == 16 and nodes.bandwidth == 8 * cc.LINKS["InfiniBand NDR"].bandwidth
+    gpu = cc.GPUS["H100 SXM"]
+    one_card = cc.roofline_batch(1e9, 1e8, 16, cc.LINKS["InfiniBand NDR"], gpu.peak("bf16"))
+    assert cc.roofline_batch(1e9, 1e8, 16, nodes, gpu.peak("bf16")) == pytest.approx(one_card / 8)
+    assert cc.comm_seconds("all-reduce", 1e8, 8, nodes, latency=True) == \
+        cc.cluster_time("all-reduce", 1e8, 2, cc.H100_CLUSTER)
+    with pytest.raises(ValueError, match="2 or more nodes"):
+        cc.AcrossNodes(cc.H100_CLUSTER, nodes=1)

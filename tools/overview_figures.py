@@ -1,0 +1,66 @@
+"""Draw the figures the chapter overviews (Markdown pages, which run no code) open with, from
+d2lmini and the stored records, as deterministic SVG files next to the page.
+
+    .venv/bin/python tools/overview_figures.py            # rewrites every figure
+    .venv/bin/python tools/overview_figures.py --check    # exit 1 if one is out of date
+
+tests/test_overview_figures.py draws them again and compares: a figure on a page is what the
+code and the records give today.
+"""
+from __future__ import annotations
+
+import io
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def comm_scaling():
+    """comm/index.md: predicted speed-up against k on NVLink 4, strong and weak scaling, from
+    the three one-GPU steps measured on one H200 (the cost model page's predictions)."""
+    from d2lmini import commcost as cc
+    from d2lmini.config import get_profile
+    steps = {label: s for label, s in cc.resnet18_step_times(256).items() if s.fit is not None}
+    n_bytes = sum(l["grad_bytes"] for l in cc.resnet18_layer_costs())
+    return cc.plot_scaling(steps, n_bytes, cc.LINKS["NVLink 4 (H100 SXM)"],
+                           global_batch=get_profile("gpu").concise.batch_size,
+                           title="ResNet-18 on H100s over NVLink 4: predicted from steps "
+                                 "measured on one H200")
+
+
+FIGURES = {ROOT / "chapters" / "comm" / "scaling.svg": comm_scaling}
+
+
+def svg(draw) -> bytes:
+    """The figure ``draw()`` returns, as SVG bytes that depend on nothing but the drawing:
+    text as paths, fixed ids, no date."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    with matplotlib.rc_context({"svg.hashsalt": "d2lmini", "svg.fonttype": "path"}):
+        fig = draw()
+        buf = io.BytesIO()
+        fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None})
+        plt.close(fig)
+    return buf.getvalue()
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    stale = []
+    for path, draw in FIGURES.items():
+        data = svg(draw)
+        if "--check" in argv:
+            if not path.is_file() or path.read_bytes() != data:
+                stale.append(path)
+        else:
+            path.write_bytes(data)
+            print(f"wrote {path.relative_to(ROOT)} ({len(data):,} bytes)")
+    for path in stale:
+        print(f"out of date: {path.relative_to(ROOT)} (run tools/overview_figures.py)")
+    return 1 if stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
