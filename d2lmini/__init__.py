@@ -31,12 +31,15 @@ from .collectives import Transfer, chunk_slices, naive_schedule, ring_schedule, 
 
 __all__ += ["Transfer", "chunk_slices", "naive_schedule", "ring_schedule", "traffic"]
 from . import results  # noqa: E402,F401  (records START_DIR: where this process started)
-from . import recipe  # noqa: E402,F401  (the concise chapter's shared recipe code)
-from . import sharding  # noqa: E402  (the sharded chapter's state accounting)
-from . import steptime  # noqa: E402,F401  (one definition of a step's time)
 from .models import LENET_SHAPES, lenet_init  # noqa: E402
 
-__all__ += ["LENET_SHAPES", "lenet_init", "sharding"]
+__all__ += ["LENET_SHAPES", "lenet_init"]
+
+#: The chapters' packages: ``import d2lmini`` loads the core only, and ``d2lmini.<name>`` (or
+#: ``from d2lmini import <name>``) loads one of these when first used -- a launched rank that
+#: needs none of them does not pay for them.
+CHAPTER_MODULES = ("commcost", "sharding", "recipe", "steptime", "tables", "scaling", "bench",
+                   "launch", "doctor", "hardware", "reference")
 
 
 def __getattr__(name):
@@ -45,4 +48,7 @@ def __getattr__(name):
     if name == "Animator":
         from .plot import Animator
         return Animator
+    if name in CHAPTER_MODULES:
+        import importlib
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

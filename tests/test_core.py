@@ -429,3 +429,26 @@ def test_plot_schedule_draws_one_arrow_per_message():
             arrows = [a for a in ax.texts if getattr(a, "arrow_patch", None) is not None]
             assert len(arrows) == sum(len(step) for step in sched)
     assert len(plot_schedules(4).axes) == 3
+
+
+def test_import_d2lmini_loads_the_core_only_and_a_chapter_package_when_used():
+    """A launched rank imports d2lmini: it must not pay for the chapters' packages (commcost's
+    14 modules, sharding, the recipe helpers, the step timer); they load on first use."""
+    import subprocess
+    import sys
+    code = ("import sys, d2lmini\n"
+            "core = sorted(m for m in sys.modules if m.startswith('d2lmini'))\n"
+            "print(','.join(core))\n"
+            "print(d2lmini.sharding.bytes_per_parameter(4, 3), 'd2lmini.commcost' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True).stdout.split("\n")
+    loaded = out[0].split(",")
+    for chapter in d2lmini_chapter_modules():
+        assert f"d2lmini.{chapter}" not in loaded, loaded
+    assert len(loaded) <= 8, loaded
+    assert out[1] == "4.0 True"                    # used: loaded, with what it imports
+
+
+def d2lmini_chapter_modules():
+    import d2lmini
+    return d2lmini.CHAPTER_MODULES

@@ -74,9 +74,9 @@ def main():
     train_set = TensorDataset(torch.from_numpy(data.X_train), torch.from_numpy(data.y_train))
     sampler = DistributedSampler(train_set, num_replicas=k, rank=rank, seed=args.seed)
     loader = DataLoader(train_set, batch_size=batch_size, sampler=sampler,
-                        pin_memory=device.type == "cuda")   # page-locked: copies run async
+                        pin_memory=device.type == "cuda")
     for epoch in range(args.epochs):
-        sampler.set_epoch(epoch)          # a new order each epoch, seeded, the same on all ranks
+        sampler.set_epoch(epoch)          # a new order each epoch, the same on all ranks
         model.train()
         start, losses = time.perf_counter(), []
         for X, y in loader:

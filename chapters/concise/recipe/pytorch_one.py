@@ -57,7 +57,7 @@ def main():
     train_set = TensorDataset(torch.from_numpy(data.X_train), torch.from_numpy(data.y_train))
     sampler = RandomSampler(train_set, generator=torch.Generator())
     loader = DataLoader(train_set, batch_size=batch_size, sampler=sampler,
-                        pin_memory=device.type == "cuda")   # page-locked: copies run async
+                        pin_memory=device.type == "cuda")
     for epoch in range(args.epochs):
         sampler.generator.manual_seed(args.seed + epoch)  # a new order each epoch, seeded
         model.train()
