@@ -78,8 +78,12 @@ def plot_roofline(steps: dict[str, "StepTime"], n_bytes: float,
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10.5, 3.8))
     b = np.geomspace(1, 2048, 100)
     for j, (label, s) in enumerate(steps.items()):
-        ax.plot(b, [s.at(x) * 1e3 for x in b], "-", color=f"C{j}", lw=1.5,
-                label=f"compute, {label}")
+        inside = np.array([s.measured_at(x) for x in b])       # solid where measured, dashed
+        t = np.array([s.at(x) * 1e3 for x in b])               # where a line is drawn beyond
+        ax.plot(b, np.where(inside, t, np.nan), "-", color=f"C{j}", lw=1.5,
+                label=f"compute, {label}" if inside.any() else None)
+        ax.plot(b, np.where(inside, np.nan, t), "--", color=f"C{j}", lw=1,
+                label=None if inside.any() else f"compute, {label} (scaled)")
     for i, link in enumerate(links):
         c = collective_time("all-reduce", n_bytes, k, link)
         ax.axhline(c * 1e3, color="0.3", ls=(0, (1 + 2 * i, 2)), lw=1,
