@@ -151,16 +151,21 @@ def nvidia_gpus() -> list[GpuInfo]:
 nvidia_gpus.cache_clear = _query.cache_clear
 
 
-def cpu_model() -> str:
-    """The processor's model name (``/proc/cpuinfo``), for results files and reports."""
+def _cpuinfo(field: str) -> str | None:
+    """The first ``field`` of ``/proc/cpuinfo`` (None where there is none)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name"):
+                if line.startswith(field):
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return None
+
+
+def cpu_model() -> str:
+    """The processor's model name (``/proc/cpuinfo``), for results files and reports."""
+    return _cpuinfo("model name") or platform.processor() or platform.machine()
 
 
 # The vector instructions that decide which kernels the frameworks run on the CPU, best first:
@@ -191,7 +196,7 @@ def _cap_level(name: str, value: str) -> int | None:
             return None
         value = m.group(1)
     v = value.strip().upper()
-    if not v or v in ("ALL", "DEFAULT") and name != "ATEN_CPU_CAPABILITY":
+    if not v or (v in ("ALL", "DEFAULT") and name != "ATEN_CPU_CAPABILITY"):
         return None
     if "AMX" in v:
         return 0
@@ -204,14 +209,7 @@ def _cap_level(name: str, value: str) -> int | None:
 
 def cpu_flags() -> frozenset:
     """The instruction-set flags of ``/proc/cpuinfo`` (empty where there is none)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
+    return frozenset((_cpuinfo("flags") or "").split())
 
 
 def cpu_isa(flags=None, environ=None) -> tuple[str, str | None]:

@@ -27,6 +27,7 @@ from .nccl import (LINKS, NCCL_BASE_LATENCY_US, NCCL_HW_LATENCY_US, NCCL_LL_MAX_
                    NCCL_RING_EFFICIENCY, NCCL_RING_PLATEAU, NCCL_TREE_EFFICIENCY,
                    NCCL_TREE_LL_FACTOR, NCCL_TREE_LL128_FACTOR, NODE_GPUS, PROTOCOLS, Link,
                    _tree_correction, collective_time)
+from .predict import DDP_BUCKET_BYTES, bucket_sizes
 
 
 @dataclass(frozen=True)
@@ -200,7 +201,6 @@ def hierarchy_collectives(unit_bytes, scheme: str, nodes: int, cluster: Cluster 
     if scheme not in HIERARCHY_SCHEMES:
         raise ValueError(f"scheme must be one of {HIERARCHY_SCHEMES}, got {scheme!r}")
     if scheme == "DDP":
-        from .predict import DDP_BUCKET_BYTES, bucket_sizes
         return [("flat", "all-reduce", b)
                 for b in bucket_sizes(float(sum(unit_bytes)), DDP_BUCKET_BYTES)]
     gathers = 2 if regather else 1
