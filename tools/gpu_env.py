@@ -166,7 +166,8 @@ def cmd_cpu_venv_ok(args) -> int:
     v = args.venv
     print(f"error: {v} holds GPU builds ({', '.join(builds)}); `make venv` would replace them "
           f"by the CPU builds of requirements.txt. GPU builds live in their own venvs: make "
-          f"gpu-venv FW=<torch|jax|paddle|mxnet> (README, 'GPU servers'). To keep this "
+          f"gpu-venv FW=<torch|jax|paddle|mxnet> (docs/setup.md, 'GPU servers in detail'). "
+          f"To keep this "
           f"environment, move it away (e.g. mv {v} {v}-gpu-old) or give make another one "
           f"(make VENV=...); make then creates the CPU venv anew.", file=sys.stderr)
     return 3
