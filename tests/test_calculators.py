@@ -68,3 +68,17 @@ def test_a_ring_across_nodes_gets_the_nodes_cards_not_one():
         cc.cluster_time("all-reduce", 1e8, 2, cc.H100_CLUSTER)
     with pytest.raises(ValueError, match="2 or more nodes"):
         cc.AcrossNodes(cc.H100_CLUSTER, nodes=1)
+
+
+def test_the_api_page_example_runs_and_every_documented_module_is_a_calculator_module():
+    """The code on the API page runs as printed, and the page documents the modules whose
+    worked examples run above."""
+    import re
+    from pathlib import Path
+    page = (Path(__file__).resolve().parents[1] / "api.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", page, flags=re.S)
+    assert blocks, "api.md shows no Python example"
+    for block in blocks:
+        exec(compile(block, "api.md", "exec"), {})
+    documented = set(re.findall(r"\.\. automodule:: (\S+)", page))
+    assert set(WORKED) <= documented, sorted(set(WORKED) - documented)

@@ -49,7 +49,7 @@ from .workload import (LENET_SHAPES, Gpu, GPUS, gradient_bytes, lenet_flops, res
                        resnet18_layer_costs, gpt2_units, gpt2_layer_costs, ASSUMED_UTILIZATION,
                        compute_time)
 from .measured import (BENCHMARKS, H100_RUN, H100_RESNET18, H100_MODEL, BenchmarkRecordError,
-                       MeasuredStep, load_step, H200_RUN, H200_SHAPES, LINEAR_LABEL, StepTime,
+                       MeasuredStep, load_step, H200_RUN, H200_SHAPES, H200_GPU_LINES, LINEAR_LABEL, StepTime,
                        load_step_shape, resnet18_step_times, step_table)
 from .predict import (allreduce_table, DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES, layer_buckets, bucket_sizes,
                       predict_step, bucket_timeline, MIN_PER_GPU_BATCH, device_limit,
@@ -83,7 +83,7 @@ __all__ = ["allreduce_table", "SCHEMES", "coefficients", "model_time", "Fit", "f
            "ASSUMED_UTILIZATION", "table", "NODE_GPUS", "MIN_PER_GPU_BATCH", "device_limit",
            "BENCHMARKS", "H100_RUN", "H100_RESNET18", "H100_MODEL", "BenchmarkRecordError",
            "MeasuredStep", "load_step", "StepTime", "resnet18_step_times", "step_table",
-           "H200_RUN", "H200_SHAPES", "LINEAR_LABEL", "load_step_shape",
+           "H200_RUN", "H200_SHAPES", "H200_GPU_LINES", "LINEAR_LABEL", "load_step_shape",
            "speedup_rows", "speedup_table", "plot_speedups", "gpt2_units",
            "gpt2_layer_costs",
            "comm_seconds", "roofline_batch", "layer_batches", "threshold_rows", "threshold_table",

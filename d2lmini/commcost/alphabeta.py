@@ -3,12 +3,12 @@
 Sending a message of n bytes over one link takes ``alpha + n * beta`` (alpha: the latency of
 one message, beta: seconds per byte, 1/bandwidth).  An all-reduce scheme on k devices sends its
 messages in steps; the steps run one after another and the messages of one step run at the
-same time on different links, so
+same time on different links, so::
 
     t(n, k) = a(k) * alpha + b(k) * n * beta
 
 with a(k) the number of sequential steps and b(k) the bytes on the busiest link per byte of
-the buffer:
+the buffer::
 
     ring          a = 2(k-1)            b = 2(k-1)/k    (reduce-scatter + all-gather of n/k chunks)
     naive         a = 2(k-1)            b = 2(k-1)      (device 0 receives k-1 buffers, sends k-1)
@@ -157,7 +157,7 @@ def per_byte_moved(f: "Fit", k: int) -> float:
 
 
 def fit_rows(rows: Iterable[dict], scheme: str = "ring") -> Fit:
-    """:func:`fit` on the medians of :func:`sweep`'s rows (all device counts at once)."""
+    """:func:`fit` on the medians of :func:`.sweep`'s rows (all device counts at once)."""
     return fit([(r["k"], r["bytes"], r["median"]) for r in rows], scheme)
 
 

@@ -157,10 +157,10 @@ def _cluster_times(op: str, n_bytes, nodes: int, cluster: Cluster) -> dict:
 def cluster_time(op: str, n_bytes, nodes: int, cluster: Cluster = H100_CLUSTER,
                  protocol: str | None = None, algorithm: str | None = None):
     """Predicted seconds of NCCL's flat ``op`` of ``n_bytes`` (the whole buffer) over every GPU
-    of ``nodes`` nodes: on one node, :func:`collective_time` over the node's link; across
+    of ``nodes`` nodes: on one node, :func:`.collective_time` over the node's link; across
     nodes, the ring or tree (all-reduce) and protocol of :func:`cluster_latency` plus the bytes
     at :meth:`Cluster.flat_bandwidth` and the protocol's efficiency, the fastest unless
-    ``protocol``/``algorithm`` are given.  Left out, as in :func:`collective_time`: NVLS,
+    ``protocol``/``algorithm`` are given.  Left out, as in :func:`.collective_time`: NVLS,
     CollNet (SHARP) and PAT, and NCCL's per-channel caps."""
     if nodes < 1:
         raise ValueError(f"need at least one node, got {nodes}")
@@ -177,7 +177,7 @@ def cluster_time(op: str, n_bytes, nodes: int, cluster: Cluster = H100_CLUSTER,
 
 
 def cluster_choice(op: str, n_bytes: float, nodes: int, cluster: Cluster = H100_CLUSTER):
-    """The (algorithm, protocol) of :func:`cluster_time` (NCCL's model's fastest)."""
+    """The (algorithm, protocol) of :func:`.cluster_time` (NCCL's model's fastest)."""
     if nodes == 1:
         from .nccl import nccl_choice
         return nccl_choice(op, n_bytes, cluster.gpus_per_node, cluster.intra)
@@ -193,7 +193,7 @@ def hierarchy_collectives(unit_bytes, scheme: str, nodes: int, cluster: Cluster 
     """The collectives of one step, ``[(where, op, bytes of the whole buffer)]``, ``where`` one
     of "flat" (every GPU of every node), "node" (the GPUs of one node), "across" (one GPU per
     node, the node's GPUs side by side).  ``unit_bytes``: the model's units (layers, forward
-    order).  DDP all-reduces the gradient in its 25 MiB buckets (:func:`bucket_sizes`), flat;
+    order).  DDP all-reduces the gradient in its 25 MiB buckets (:func:`.bucket_sizes`), flat;
     per unit, FSDP all-gathers before forward and
     (``regather``, FSDP's ``reshard_after_forward``) before backward and reduce-scatters, flat;
     HSDP does the same three inside the node, then all-reduces across nodes the node's shard,

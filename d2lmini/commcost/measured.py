@@ -111,18 +111,25 @@ H200_SHAPES = {      # label: (file, framework, rung or probe variant)
         "probe-cudagraphs.jsonl", "torch", "compile reduce-overhead cl+bench fusedSGD bf16"),
 }
 LINEAR_LABEL = "measured, H100, PyTorch, linear in the batch"
+#: The GPU's own line under the eager step, which the host's kernel launches hide: the same
+#: probe with CUDA graphs (no launch per kernel; TF32, channels-last, cuDNN benchmark), 2.86 ms
+#: at 32 images and 6.06 at 256, about 14 us an image against the eager records' 3.
+H200_GPU_LINES = {"measured, H200, PyTorch eager": (
+    "probe-cudagraphs.jsonl", "torch", "compile reduce-overhead (CUDA graphs) cl+bench fusedSGD")}
 
 
 @dataclass(frozen=True)
 class StepTime:
     """One GPU's step time at a batch, where it comes from, and -- where it was measured at
-    several batches -- its shape ``fit`` (:class:`d2lmini.steptime.StepFit`, ``T0 + B t``)."""
+    several batches -- its shape ``fit`` (``d2lmini.steptime.StepFit``, ``T0 + B t``) and,
+    where one was measured, the GPU's own line under it (``gpu``, a ``StepFit`` too)."""
     label: str
     seconds: float          # one GPU's step on ``batch`` images
     source: str
     forward_flops: float    # per image, to turn the time into a rate
     batch: int = 256
     fit: object = None
+    gpu: object = None
 
     @property
     def measured(self) -> bool:
@@ -131,10 +138,15 @@ class StepTime:
     def at(self, batch: float) -> float:
         """One GPU's step on ``batch`` images.  Measured at several batches: the record itself
         at a measured batch, straight lines between neighbouring records (JAX's step is a floor
-        then growth, which one line through all of them misses by 9 % at 32 images), and the
-        fitted ``T0 + B t`` only beyond the measured batches (:meth:`measured_at` says which).
-        Else the time per image at ``self.batch`` times ``batch`` (linear, optimistic for small
-        ones)."""
+        then growth, which one line through all of them misses by 9 % at 32 images), and beyond
+        them the longer of the host's floor and the GPU's line, ``max(T_host, T_gpu(B))``: a step
+        whose kernels the host launches one by one takes at least the launches (``T_host``, its
+        fastest record) and at least the GPU's work (``gpu`` where it was measured -- the same
+        step with CUDA graphs -- else the line through the last two records, the growth).  A
+        line ``T0 + B t`` through a launch-bound step's records would read the launches as a
+        serial part and their slope, inside the noise, as the GPU's cost (:meth:`measured_at`
+        says which batches the records answer).  Else the time per image at ``self.batch`` times
+        ``batch`` (linear, optimistic for small ones)."""
         if batch <= 0:
             raise ValueError(f"need a positive batch, got {batch}")
         if self.fit is None:
@@ -142,7 +154,12 @@ class StepTime:
         xs, ys = zip(*sorted(self.fit.points))
         if xs[0] <= batch <= xs[-1]:
             return float(np.interp(batch, xs, ys))
-        return float(self.fit(batch))
+        if self.gpu is not None:
+            gpu = float(self.gpu(batch))
+        else:
+            slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+            gpu = ys[-1] + slope * (batch - xs[-1])
+        return max(min(ys) if batch < xs[0] else ys[-1], gpu)
 
     def measured_at(self, batch: float) -> bool:
         """Whether :meth:`at` answers from the records (at or between measured batches) rather
@@ -152,8 +169,9 @@ class StepTime:
 
     @property
     def fixed_s(self) -> float:
-        """``T0``: the part of every step that does not shrink with the batch (0 if linear)."""
-        return self.fit.t0 if self.fit is not None else 0.0
+        """The step's floor: its fastest record, below which no smaller share of the batch takes
+        it (``T_host`` of a launch-bound step; 0 if linear)."""
+        return min(t for _, t in self.fit.points) if self.fit is not None else 0.0
 
     def rate(self, batch: int) -> float:
         """The FLOP/s this step time means (forward + backward = 3x the forward FLOPs)."""
@@ -161,7 +179,7 @@ class StepTime:
 
 
 def load_step_shape(path, framework: str, rung: str):
-    """The fitted ``T0 + B t`` (:class:`d2lmini.steptime.StepFit`) of one framework's step in
+    """The fitted ``T0 + B t`` (``d2lmini.steptime.StepFit``) of one framework's step in
     a record of the step benchmark (``steps.json``: its records with the span "step on device
     arrays") or of a probe (``.jsonl``: one line per variant and batch, ``ms``), and a source
     line.  Raises ``FileNotFoundError`` or :class:`BenchmarkRecordError` (fewer than two
@@ -197,19 +215,24 @@ def load_step_shape(path, framework: str, rung: str):
     return fit, (f"measured: {path.parent.name}/{path.name}, {where}, {framework} {version}, "
                  f"{date}, batches {', '.join(map(str, sorted(pts)))} "
                  + ("(two points: the line passes through both)" if len(pts) == 2 else
-                    f"(the line within {fit.max_rel_error:.0%})"))
+                    f"(the line within {fit.max_rel_error:.1%})"))
 
 
 def resnet18_step_times(batch: int) -> dict[str, StepTime]:
     """One GPU's step of the ResNet-18 width 64, at ``batch`` images: the three shapes measured
-    on one H200 (``H200_SHAPES``: PyTorch eager first, the primary prediction; JAX; PyTorch's
-    fast path), and the H100 record scaled linearly from its one batch, as the chapter predicted
+    on one H200 (``H200_SHAPES``: PyTorch eager first, the primary prediction, with its GPU line
+    ``H200_GPU_LINES``; JAX; PyTorch's fast path), and the H100 record scaled linearly from its one batch, as the chapter predicted
     before the shape was measured (TF32 on, PyTorch's default)."""
     flops = resnet18_flops(width=64)
     out = {}
     for label, (name, framework, rung) in H200_SHAPES.items():
         fit, source = load_step_shape(H200_RUN / name, framework, rung)
-        step = StepTime(label, fit(batch), source, flops, batch, fit)
+        gpu = None
+        if label in H200_GPU_LINES:
+            gname, gfw, grung = H200_GPU_LINES[label]
+            gpu, gsource = load_step_shape(H200_RUN / gname, gfw, grung)
+            source += f"; beyond them, its GPU line: {gname} (CUDA graphs)"
+        step = StepTime(label, fit(batch), source, flops, batch, fit, gpu)
         out[label] = dataclasses.replace(step, seconds=step.at(batch))
     m = load_step(H100_RESNET18["measured, TF32 on (default)"])
     out[LINEAR_LABEL] = StepTime(LINEAR_LABEL, m.compute_time(batch), m.source, flops, batch)
@@ -217,9 +240,9 @@ def resnet18_step_times(batch: int) -> dict[str, StepTime]:
 
 
 def step_table(steps: dict[str, StepTime], batch: int, k: int = NODE_GPUS) -> str:
-    """A Markdown table: each one-GPU step at ``batch`` and at ``batch / k``, its fixed part
-    ``T0``, the rate at ``batch``, and its source."""
-    lines = [f"| one GPU | batch {batch} | batch {batch // k} | fixed part $T_0$ | rate at "
+    """A Markdown table: each one-GPU step at ``batch`` and at ``batch / k``, its floor (the
+    fastest record), the rate at ``batch``, and its source."""
+    lines = [f"| one GPU | batch {batch} | batch {batch // k} | floor | rate at "
              f"{batch} | from |", "|---|---|---|---|---|---|"]
     for s in steps.values():
         lines.append(f"| {s.label.removeprefix('measured, ')} | {s.at(batch) * 1e3:.2f} ms | "

@@ -153,7 +153,7 @@ def nccl_latency(op: str, k: int, link: Link, protocol: str, algorithm: str = "r
 
 def tree_bandwidth(link: Link, protocol: str, k: int) -> float:
     """Algorithm bytes/s of NCCL's tree all-reduce over ``link`` with ``protocol`` (before the
-    per-size correction): the refinements of :data:`NCCL_TREE_EFFICIENCY` and the factors
+    per-size correction): the refinements of ``NCCL_TREE_EFFICIENCY`` and the factors
     below it, halved (every byte goes up and down the tree)."""
     bus = link.bandwidth * NCCL_TREE_EFFICIENCY
     nodes = nodes_of(k, link)
@@ -201,7 +201,7 @@ def collective_time(op: str, n_bytes, k: int, link: Link, protocol: str | None =
     (:func:`tree_bandwidth`, corrected per size).  ``protocol``/``algorithm`` None: the
     fastest the link enables, as NCCL picks by its predicted time.  0 on one GPU.
     ``n_bytes`` may be an array.  For this machine's fitted alpha and beta instead of NCCL's
-    figures, see :func:`collective_model_time`."""
+    figures, see :func:`.collective_model_time`."""
     if k == 1:
         return 0.0 * np.asarray(n_bytes, dtype=float) if np.ndim(n_bytes) else 0.0
     if protocol is not None and protocol not in link.protocols:

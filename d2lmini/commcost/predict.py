@@ -50,7 +50,7 @@ def bucket_sizes(n_bytes: float, bucket_bytes: float) -> list[float]:
 
 def _shares(compute, k: int) -> tuple[float, float]:
     """(one device's step on the whole global batch, one of k devices' step on its share):
-    a :class:`StepTime` answers from its measured shape (``at``), a number of seconds splits
+    a :class:`.StepTime` answers from its measured shape (``at``), a number of seconds splits
     linearly (``compute / k``)."""
     if isinstance(compute, StepTime):
         return compute.seconds, compute.at(compute.batch / k)
@@ -64,8 +64,8 @@ def predict_step(compute_s, n_bytes: float, k: int, link: Link, *,
     """The model's prediction for one step of data-parallel training with a fixed global batch.
 
     One device computes the step in ``compute_s``; k devices compute their share of the batch
-    each and all-reduce ``n_bytes`` of gradients (:func:`collective_time` over ``link``).  The
-    share's time: a :class:`StepTime` gives it from the step's measured shape ``T0 + B t``
+    each and all-reduce ``n_bytes`` of gradients (:func:`.collective_time` over ``link``).  The
+    share's time: a :class:`.StepTime` gives it from the step's measured shape ``T0 + B t``
     (its fixed part ``T0`` paid by every device: Amdahl's law); a number of seconds is split
     linearly, ``compute_s / k`` (the older assumption, optimistic for small shares).
 
@@ -109,8 +109,8 @@ def bucket_timeline(compute_s, n_bytes: float, k: int, link: Link, *,
     ``end``; plus ``forward_s`` and ``backward_s`` in every dict.
 
     ``layers`` None: gradients appear at an even rate in bytes over the backward pass, in
-    buckets of ``bucket_bytes`` (:func:`bucket_sizes`).  ``layers`` (forward order, with
-    ``grad_bytes`` and ``flops``, e.g. :func:`resnet18_layer_costs`): DDP's buckets of whole
+    buckets of ``bucket_bytes`` (:func:`.bucket_sizes`).  ``layers`` (forward order, with
+    ``grad_bytes`` and ``flops``, e.g. :func:`.resnet18_layer_costs`): DDP's buckets of whole
     layers (:func:`layer_buckets`: the first one 1 MiB with DDP's default cap), each ready when
     backward has passed its earliest layer, backward's time spent in proportion to each
     layer's FLOPs."""
@@ -178,19 +178,26 @@ def critical_batch(step, n_bytes: float, k: int, link: Link) -> float:
     k GPUs.  Below it a step without overlap spends more time communicating than computing
     (communication-bound); above it, compute-bound.  0 for k = 1.
 
-    ``step``: a :class:`StepTime` (its measured shape ``T0 + B t``: ``(t_allreduce - T0) / t``,
-    and 0 when the fixed part alone outlasts the all-reduce -- such a step is never
-    communication-bound, whatever its batch), or seconds per image (linear: ``t_allreduce /
-    seconds_per_image``)."""
+    ``step``: a :class:`.StepTime` measured at several batches (the batch where its
+    :meth:`~.StepTime.at` reaches the all-reduce; 0 when even a batch of one image outlasts it
+    -- such a step, launch-bound, is never communication-bound, whatever its batch), or
+    seconds per image (linear: ``t_allreduce / seconds_per_image``)."""
     c = collective_time("all-reduce", n_bytes, k, link)
     if isinstance(step, StepTime):
         if step.fit is None:
             step = step.seconds / step.batch
         else:
-            t0, t = step.fit.t0, step.fit.per_example
-            if c <= t0:
+            lo, hi = 1e-6, 1.0
+            if step.at(lo) >= c:
                 return 0.0
-            return (c - t0) / t if t > 0 else math.inf
+            while step.at(hi) < c:             # at() grows without bound beyond the records
+                lo, hi = hi, hi * 2
+                if hi > 1e12:
+                    return math.inf
+            for _ in range(200):               # bisection: at() is continuous and monotone
+                mid = (lo + hi) / 2
+                lo, hi = (mid, hi) if step.at(mid) < c else (lo, mid)
+            return hi
     if step <= 0:
         raise ValueError("need a positive time per image")
     return c / step
@@ -222,7 +229,7 @@ def speedup_table(rows: list[dict], k: int) -> str:
 def allreduce_table(grad_bytes: dict[str, float], links: dict[str, Link] = LINKS,
                     counts: tuple[int, ...] = (2, 4, 8)) -> str:
     """NCCL's all-reduce of each model's gradient (``{model: bytes}``) on every link and device
-    count (:func:`collective_time`: the link's published bandwidth, NCCL's latencies, the
+    count (:func:`.collective_time`: the link's published bandwidth, NCCL's latencies, the
     fastest protocol), with the protocol and the bus bandwidth at the largest count."""
     k = counts[-1]
     lines = ["| model | link | " + " | ".join(f"k={j}" for j in counts)

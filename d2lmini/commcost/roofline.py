@@ -17,12 +17,12 @@ all-reduce ``2(k-1)/k n``).  Two thresholds follow:
 
 ``roofline_batch`` is ``B* = C t_comm / F`` for the FLOPs it is given: ``3 F`` for the first,
 ``2 F`` for the second.  W is a link's bandwidth, or for a ring across nodes of several GPUs
-(:class:`AcrossNodes`) a GPU's share of the node's cards, not one card's.  With
-``latency=True`` the byte term is NCCL's whole modelled time (:func:`collective_time`,
-:func:`cluster_time`), as for a layer's all-gather, which is mostly latency.  Under FSDP each
+(:class:`.AcrossNodes`) a GPU's share of the node's cards, not one card's.  With
+``latency=True`` the byte term is NCCL's whole modelled time (:func:`.collective_time`,
+:func:`.cluster_time`), as for a layer's all-gather, which is mostly latency.  Under FSDP each
 layer's all-gather must hide behind that layer's forward pass (prefetching):
 ``layer_batches``.  These are ideal thresholds at the datasheet's peak; the measured step's
-(:func:`critical_batch`, from ``T0 + B t``) is lower -- a step that reaches a fraction u of
+(:func:`.critical_batch`, from ``T0 + B t``) is lower -- a step that reaches a fraction u of
 the peak needs about u times the batch, and a fixed part T0 lowers it further -- because its
 compute is slow, not because its communication is fast.
 """
@@ -40,15 +40,15 @@ from .predict import critical_batch
 
 
 def gpus_of(link, k: int) -> int:
-    """The GPUs a collective over ``link`` spans: k, or an :class:`AcrossNodes`' own."""
+    """The GPUs a collective over ``link`` spans: k, or an :class:`.AcrossNodes`' own."""
     return link.gpus if isinstance(link, AcrossNodes) else k
 
 
 def comm_seconds(op: str, n_bytes: float, k: int, link: Link | AcrossNodes,
                  latency: bool = False) -> float:
-    """The time of ``op`` on ``n_bytes`` over k GPUs (an :class:`AcrossNodes` brings its own
+    """The time of ``op`` on ``n_bytes`` over k GPUs (an :class:`.AcrossNodes` brings its own
     k): its bandwidth term ``b(k) n / W`` (the roofline's), or with ``latency`` NCCL's whole
-    model (:func:`collective_time`, :func:`cluster_time`)."""
+    model (:func:`.collective_time`, :func:`.cluster_time`)."""
     k = gpus_of(link, k)
     if latency:
         if isinstance(link, AcrossNodes):
@@ -92,7 +92,7 @@ def layer_batches(layers: list[dict], k: int, link: Link, peak_flops: float, *,
     (``grad_bytes``: its parameters are as many bytes as its gradient) on k GPUs.  In the
     backward pass a layer computes twice its forward FLOPs and gathers and reduce-scatters as
     many bytes each, so the same batch hides them there.  ``layers``: dicts with ``name``,
-    ``grad_bytes``, ``flops`` (forward, one example), e.g. :func:`resnet18_layer_costs`.
+    ``grad_bytes``, ``flops`` (forward, one example), e.g. :func:`.resnet18_layer_costs`.
     Returns ``[{"name", "bytes", "flops", "batch"}]``."""
     return [{"name": l["name"], "bytes": l["grad_bytes"], "flops": l["flops"],
              "batch": roofline_batch(l["flops"], l["grad_bytes"], k, link, peak_flops,
@@ -113,9 +113,9 @@ def threshold_rows(models: dict, links, gpu, k: int, numerics=("tf32", "bf16")) 
     the all-reduce (``row[num]``: the whole step's FLOPs; ``"<num>, latency"`` with NCCL's
     latency) and the batch above which DDP hides it behind the backward pass (``"<num>,
     hides"``: the backward pass's FLOPs, 1.5 times the first), the measured step's
-    :func:`critical_batch` where a model has one, and FSDP's per-layer all-gather thresholds
-    (with NCCL's latency) at the last peak.  ``links``: :class:`Link` s over k GPUs, or
-    :class:`AcrossNodes` (its own GPUs).  ``models``: ``{name: {"flops" (forward, one
+    :func:`.critical_batch` where a model has one, and FSDP's per-layer all-gather thresholds
+    (with NCCL's latency) at the last peak.  ``links``: :class:`.Link` s over k GPUs, or
+    :class:`.AcrossNodes` (its own GPUs).  ``models``: ``{name: {"flops" (forward, one
     example), "bytes" (gradient), "unit" ("images", "tokens"), "layers" (optional),
     "steps" (optional ``{label: StepTime}``)}}``."""
     out = []

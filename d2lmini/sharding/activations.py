@@ -32,7 +32,7 @@ def activation_timeline(rows: int, segment: int = 0, widths=MLP_WIDTHS,
       last layer first, dz is replaced by the gradient of the layer's input, and the input
       is freed.
 
-    The same moments as :func:`peak_timeline`'s replicated step (activations only); the
+    The same moments as :func:`.peak_timeline`'s replicated step (activations only); the
     parameter gradients go into the state's buffer and are not counted here."""
     L = len(widths) - 1
     if segment < 0 or rows < 1:

@@ -26,7 +26,7 @@ SCHEMES = ("replicated", "ZeRO-1", "ZeRO-2", "ZeRO-3", "ZeRO-2 by layer", "ZeRO-
 
 def scheme_stage(scheme: str) -> tuple[int, bool]:
     """``(stage, by_layer)`` of a scheme of :data:`SCHEMES`: which parts it shards
-    (:data:`SHARDED_PARTS`), and whether it works on each layer's buffer (by layer) or on one
+    (``SHARDED_PARTS``), and whether it works on each layer's buffer (by layer) or on one
     flat buffer of the whole model."""
     if scheme not in SCHEMES:
         raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
