@@ -59,6 +59,24 @@ def test_a_device_count_reaches_the_notebooks_kernel(tmp_path):
     assert rc != 0 and "nb.ipynb[k=1]::Cell 1 FAILED" in out, out
 
 
+def test_at_one_device_a_lesson_needing_two_runs_its_setup_and_skips_the_repeat(tmp_path):
+    """A notebook that asks for at least 2 devices runs at k = 1 on 2 stand-ins, the k = 2
+    run's computation: at k = 1 only its cells up to the one that asks run."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("devices = 'try_all_gpus(at_least=2)'"),
+                nbformat.v4.new_code_cell("raise SystemExit('the repeat ran')")]
+    nbformat.write(nb, tmp_path / "nb.ipynb")
+    rc, out = run(tmp_path, "--device-counts", "1", "nb.ipynb", "-rs")
+    assert rc == 0 and "nb.ipynb[k=1]::Cell 0 PASSED" in out and "Cell 1 SKIPPED" in out, out
+    assert harness.STAND_IN_REASON in out.replace("\n", " ")
+    rc, out = run(tmp_path, "--device-counts", "2", "nb.ipynb")       # any other count: all
+    assert rc != 0 and "nb.ipynb[k=2]::Cell 1 FAILED" in out, out
+    concise = sorted((ROOT / "chapters" / "concise").glob("*.ipynb"))
+    assert len(concise) == 4 and all(harness.setup_only_until(p, "1") == 0 for p in concise)
+    assert harness.setup_only_until(ROOT / "chapters/scratch/pytorch.ipynb", "1") is None
+    assert harness.setup_only_until(concise[0], "8") is None
+
+
 def test_a_run_capped_at_avx2_reaches_the_kernel_and_its_launched_processes(tmp_path):
     """``@avx2`` starts the kernel with the caps, which the processes it starts inherit, and
     which d2lmini.hardware then reads as an AVX2 CPU; the other runs see no cap."""
