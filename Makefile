@@ -36,6 +36,9 @@ $(STAMP): requirements.txt requirements-common.txt requirements-flax.txt require
 
 # Fashion-MNIST: already verified somewhere (D2LMINI_DATA, cache, Debian) -> nothing to do;
 # else Debian's package when apt-get can install it; else download from upstream.
+# The GPT chapter's corpus (d2lmini/gpt/corpus.py): verified in the cache -> nothing to do;
+# else `apt-get download r-cran-janeaustenr` (not installed), else Debian's mirror; decoded,
+# its text verified by SHA-256.
 data: $(STAMP)
 	@$(PY) -m d2lmini data --no-download 2>/dev/null || { \
 	  if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
@@ -43,6 +46,7 @@ data: $(STAMP)
 	    { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q dataset-fashion-mnist >/dev/null 2>&1; } || true; \
 	  fi; \
 	  $(PY) -m d2lmini data; }
+	@$(PY) -m d2lmini corpus
 
 # Debian's Chromium for the browser test (a browser a test tool downloads itself is not used).
 browser:

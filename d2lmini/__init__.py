@@ -39,7 +39,7 @@ __all__ += ["LENET_SHAPES", "lenet_init"]
 #: ``from d2lmini import <name>``) loads one of these when first used -- a launched rank that
 #: needs none of them does not pay for them.
 CHAPTER_MODULES = ("commcost", "sharding", "recipe", "steptime", "tables", "scaling", "bench",
-                   "launch", "doctor", "hardware", "reference")
+                   "launch", "doctor", "hardware", "reference", "gpt")
 
 
 def __getattr__(name):

@@ -21,7 +21,8 @@ import os
 __all__ = ["Profile", "PROFILES", "get_profile", "num_simulated_devices",
            "requested_devices", "MAX_DEVICES",
            "host_has_gpu", "DevicePlan", "GPUBuildMissing", "plan_devices", "device_plan",
-           "reset_device_plans", "multi_device_profile", "exact_everywhere", "FastHP"]
+           "reset_device_plans", "multi_device_profile", "exact_everywhere", "FastHP",
+           "GPTSize", "GPTHP"]
 
 DEFAULT_SIMULATED_DEVICES = 2
 
@@ -102,6 +103,30 @@ class FastHP:
 
 
 @dataclasses.dataclass(frozen=True)
+class GPTSize:
+    """The shape of one GPT of the GPT chapter (``d2lmini.gpt.GPTConfig.from_size`` makes the
+    model's config of it; parameters: ``d2lmini.gpt.param_count``)."""
+    layers: int
+    width: int                  # the model dimension
+    heads: int                  # attention heads; they divide width
+    context: int                # tokens per sequence
+    vocab: int | None = None    # None: the corpus's characters (81 for Jane Austen)
+
+
+@dataclasses.dataclass(frozen=True)
+class GPTHP:
+    """Settings of the GPT chapter (``d2lmini.gpt``): the model trained on Jane Austen's novels
+    (character tokens), and the shape timed with random token ids (tokens/s, memory, MFU)."""
+    model: GPTSize              # trained and checked on the corpus
+    batch_size: int             # sequences in a global batch
+    steps: int                  # AdamW steps of the training run
+    lr: float                   # AdamW's learning rate
+    bench: GPTSize              # the benchmarked shape (vocab 50,304 as nanoGPT's benchmark)
+    bench_batch: int            # sequences per step of the benchmark
+    expected_val_loss: float | None = None   # from a committed rehearsal (None: not run yet)
+
+
+@dataclasses.dataclass(frozen=True)
 class Profile:
     name: str
     description: str
@@ -111,6 +136,7 @@ class Profile:
     scaling: ScalingHP = None   # batch size x learning-rate sweep, comparison chapter
     sharded: ShardedHP = None   # ZeRO / FSDP chapter
     fastpath: FastHP = None     # the concise chapter's fast path on one device
+    gpt: GPTHP = None           # the GPT chapter: model, training run, benchmarked shape
 
     def __str__(self) -> str:
         return f"{self.name}: {self.description}"
@@ -150,6 +176,9 @@ PROFILES: dict[str, Profile] = {
         # 0.11 seen (Paddle, 2026-11-27); the bound leaves room for other processors' kernels.
         fastpath=FastHP(width=8, batch=32, batches=(16, 32), warmup=1, repeats=2, steps=2,
                         compile=False, seeds=1, acc_tol=0.25),
+        # About 0.1 M parameters (109,376 with the 81 characters): a few steps in seconds.
+        gpt=GPTHP(model=GPTSize(layers=2, width=64, heads=4, context=64), batch_size=8,
+                  steps=20, lr=1e-3, bench=GPTSize(2, 64, 4, 64, vocab=50304), bench_batch=4),
     ),
     "cpu": Profile(
         name="cpu",
@@ -178,6 +207,11 @@ PROFILES: dict[str, Profile] = {
                           min_test_acc=0.6, max_acc_gap=0.05),
         fastpath=FastHP(width=16, batch=128, batches=(32, 64, 128), warmup=2, repeats=3,
                         steps=3, compile=True, seeds=2, acc_tol=0.03),
+        # nanoGPT's CPU configuration (4 layers, width 128, context 64, batch 12, 2,000 steps at
+        # 1e-3; 1.88 on Shakespeare): 811,904 parameters with the 81 characters.
+        gpt=GPTHP(model=GPTSize(layers=4, width=128, heads=4, context=64), batch_size=12,
+                  steps=2000, lr=1e-3, bench=GPTSize(4, 128, 4, 64, vocab=50304),
+                  bench_batch=12),
     ),
     "gpu": Profile(
         name="gpu",
@@ -218,6 +252,13 @@ PROFILES: dict[str, Profile] = {
         # sweeps 32, 64, 128 and 256.  acc_tol as the cpu profile's (unrehearsed at width 64).
         fastpath=FastHP(width=64, batch=256, batches=(64, 256), warmup=5, repeats=3,
                         steps=20, compile=True, seeds=2, acc_tol=0.03),
+        # Learning: nanoGPT's Shakespeare model (6 layers, width 384, 6 heads, context 256,
+        # batch 64, 5,000 steps at 1e-3; 1.47 in ~3 min on one A100; it also drops out 0.2,
+        # this model does not): 10,776,960 parameters with the 81 characters.  Throughput:
+        # GPT-2 small, 124,475,904 parameters, batch 16 x 1,024 tokens.
+        gpt=GPTHP(model=GPTSize(layers=6, width=384, heads=6, context=256), batch_size=64,
+                  steps=5000, lr=1e-3, bench=GPTSize(12, 768, 12, 1024, vocab=50304),
+                  bench_batch=16),
     ),
 }
 

@@ -1,0 +1,129 @@
+"""The small GPT in MXNet Gluon: :class:`GPT` (hybridizable), :func:`canonical_init` and
+:func:`loss`.
+
+MXNet 1.9.1 has no fused attention: attention is written with ``batch_dot`` over
+``batch x heads`` matrices and a causal mask made inside the graph
+(``contrib.arange_like``), so ``net.hybridize()`` compiles one graph for every sequence
+length.  The output head shares the token embedding's parameter, which the top block owns
+(``wte_weight``) and uses twice, as ``Embedding`` and as ``FullyConnected``.  Float64: call
+``net.cast("float64")`` before :func:`canonical_init`.
+"""
+from __future__ import annotations
+
+from .. import _mxnet_compat
+
+_mxnet_compat.install()
+
+import mxnet as mx  # noqa: E402
+from mxnet import nd  # noqa: E402
+from mxnet.gluon import nn  # noqa: E402
+
+from .spec import LN_EPS, GPTConfig, check_tokens, gpt_spec  # noqa: E402
+
+__all__ = ["GPT", "canonical_init", "loss"]
+
+
+class Block(nn.HybridBlock):
+    """``x + attn(ln1(x))``, then ``x + mlp(ln2(x))``."""
+
+    def __init__(self, cfg: GPTConfig, **kwargs):
+        super().__init__(**kwargs)
+        d = cfg.width
+        self.heads, self.scale = cfg.heads, (d // cfg.heads) ** -0.5
+        with self.name_scope():
+            self.ln1 = nn.LayerNorm(epsilon=LN_EPS, in_channels=d)
+            self.ln2 = nn.LayerNorm(epsilon=LN_EPS, in_channels=d)
+            self.qkv = nn.Dense(3 * d, flatten=False, in_units=d)
+            self.proj = nn.Dense(d, flatten=False, in_units=d)
+            self.fc = nn.Dense(4 * d, flatten=False, in_units=d)
+            self.fc_proj = nn.Dense(d, flatten=False, in_units=4 * d)
+
+    def hybrid_forward(self, F, x):
+        nh = self.heads
+        q, k, v = F.split(self.qkv(self.ln1(x)), num_outputs=3, axis=-1)
+        # (B, T, d) -> (B, T, nh, hd) -> (B, nh, T, hd) -> (B * nh, T, hd)
+        q, k, v = (t.reshape((0, 0, nh, -1)).transpose((0, 2, 1, 3)).reshape((-3, 0, 0))
+                   for t in (q, k, v))
+        s = F.batch_dot(q, k, transpose_b=True) * self.scale            # (B * nh, T, T)
+        rows = F.contrib.arange_like(s, axis=1).reshape((-1, 1))
+        cols = F.contrib.arange_like(s, axis=2).reshape((1, -1))
+        future = F.broadcast_greater(cols, rows)                         # (T, T): 1 above the diagonal
+        s = F.broadcast_sub(s, F.expand_dims(future, 0) * 1e30)          # exp(-1e30 + ...) == 0
+        y = F.batch_dot(F.softmax(s, axis=-1), v)                        # (B * nh, T, hd)
+        y = y.reshape((-4, -1, nh, 0, 0)).transpose((0, 2, 1, 3)).reshape((0, 0, -3))
+        x = x + self.proj(y)
+        h = self.fc(self.ln2(x))
+        # the exact GELU, written out: LeakyReLU(act_type="gelu") rounds a constant to float32
+        # (1e-7 off in float64, measured)
+        return x + self.fc_proj(0.5 * h * (1 + F.erf(h * 0.7071067811865476)))
+
+
+class GPT(nn.HybridBlock):
+    """Token ids ``(batch, T)``, T <= ``cfg.context`` -> logits ``(batch, T, vocab)``."""
+
+    def __init__(self, cfg: GPTConfig, **kwargs):
+        super().__init__(**kwargs)
+        self.cfg = cfg
+        with self.name_scope():
+            self.wte_weight = self.params.get("wte_weight", shape=(cfg.vocab, cfg.width))
+            self.wpe = nn.Embedding(cfg.context, cfg.width)
+            self.h = nn.HybridSequential()
+            for _ in range(cfg.layers):
+                self.h.add(Block(cfg))
+            self.lnf = nn.LayerNorm(epsilon=LN_EPS, in_channels=cfg.width)
+
+    def forward(self, idx, *args):
+        check_tokens(self.cfg, idx.shape)    # a hybridized graph would clip positions silently
+        return super().forward(idx, *args)
+
+    def hybrid_forward(self, F, idx, wte_weight):
+        c = self.cfg
+        tok = F.Embedding(idx, wte_weight, input_dim=c.vocab, output_dim=c.width)
+        pos = self.wpe(F.contrib.arange_like(idx, axis=1))               # (T, d)
+        x = self.h(F.broadcast_add(tok, F.expand_dims(pos, 0)))
+        return F.FullyConnected(self.lnf(x), wte_weight, num_hidden=c.vocab, no_bias=True,
+                                flatten=False)                           # the tied head
+
+
+_LAYER = {"ln1": "ln1", "ln2": "ln2", "attn.qkv": "qkv", "attn.proj": "proj", "mlp.fc": "fc",
+          "mlp.proj": "fc_proj"}
+
+
+def _parameter(net: GPT, name: str):
+    if name == "wte":
+        return net.wte_weight
+    if name == "wpe":
+        return net.wpe.weight
+    if name.startswith("h."):
+        _, i, *rest = name.split(".")
+        layer, leaf = getattr(net.h[int(i)], _LAYER[".".join(rest[:-1])]), rest[-1]
+    else:
+        layer, leaf = net.lnf, name.split(".")[1]
+    if isinstance(layer, nn.LayerNorm):
+        leaf = {"weight": "gamma", "bias": "beta"}[leaf]
+    return getattr(layer, leaf)
+
+
+def canonical_init(net: GPT, arrays: dict, ctx=None) -> GPT:
+    """Load the canonical ``arrays`` into ``net`` on ``ctx`` (default: the CPU), initialising it
+    first if needed; Gluon's ``Dense`` keeps ``(out, in)`` like the canonical layout.  Missing
+    or misshapen arrays raise ``ValueError``; returns ``net``."""
+    ctx = ctx or mx.cpu()
+    for name, shape in gpt_spec(net.cfg):
+        if name not in arrays or tuple(arrays[name].shape) != shape:
+            raise ValueError(f"canonical_init: {name} should be an array of shape {shape}")
+    if any(p._data is None for p in net.collect_params().values()):
+        net.initialize(ctx=ctx)
+    for name, _ in gpt_spec(net.cfg):
+        p = _parameter(net, name)
+        p.set_data(nd.array(arrays[name], dtype=p.dtype, ctx=ctx))
+    return net
+
+
+def loss(net: GPT, x, y):
+    """Mean cross-entropy in nats of ``net(x)`` against the next tokens ``y`` (record it under
+    ``autograd.record()`` to differentiate)."""
+    logits = net(x)
+    logp = nd.log_softmax(logits, axis=-1)
+    return -nd.pick(logp, y, axis=-1).mean()
+
