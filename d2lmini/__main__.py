@@ -29,8 +29,8 @@ def main(argv=None) -> int:
         from .data import DataError
         from .gpt.corpus import load_corpus, obtain_corpus
         try:
-            print(f"{load_corpus(obtain_corpus(not args.no_download, args.deb))!r} verified "
-                  f"in {obtain_corpus(download=False)}")
+            path = obtain_corpus(not args.no_download, args.deb)
+            print(f"{load_corpus(path)!r} verified in {path}")
         except DataError as e:
             print(f"error: {e}", file=sys.stderr)
             return 1

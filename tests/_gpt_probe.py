@@ -125,8 +125,13 @@ elif fw == "mxnet":
 else:
     raise SystemExit(f"unknown framework {fw}")
 
+extra = {}
+if fw == "paddle":                      # its fused attention (a plain computation on the CPU)
+    fused = G.GPT(cfg, fused=True)
+    fused.to(dtype="float64")
+    extra["perturbed_fused"] = forward(G.canonical_init(fused, perturbed), X)
 np.savez(out, canonical=forward(make_net(canonical), X),
          perturbed=forward(make_net(perturbed), X),
          short=forward(make_net(perturbed), Xshort),
          losses=np.array(losses), after=forward(net, X),
-         errors=np.array(errors(forward, make_net)))
+         errors=np.array(errors(forward, make_net)), **extra)

@@ -6,10 +6,12 @@ must equal the NumPy reference of d2lmini.gpt.spec, and the losses of three plai
 must equal PyTorch's.
 
 Tolerance, float64: ``LOGIT_TOL = 1e-9`` absolute on logits of order 1 (and on losses).  The
-frameworks sum in different orders and compute LayerNorm's variance differently: they agree to
-about 1e-11 (5.5e-12 seen for Paddle and MXNet, 6e-16 for PyTorch and JAX).  Any float32
-arithmetic inside shows as 1e-8 or more (JAX's ``dot_product_attention``, whose softmax is
-float32, was 2.6e-7 off; MXNet's ``LeakyReLU(act_type="gelu")`` 1e-7): 1e-9 tells the two apart.
+frameworks sum in different orders and compute LayerNorm's variance differently.  Seen
+(2026-11-29): PyTorch and JAX within 2e-15 of the reference; Paddle and MXNet 7.9e-11 from the
+canonical draw (LayerNorm over the embeddings' small spread) and 3.6e-12 from the perturbed one;
+losses after the SGD steps within 7.4e-12 of PyTorch's.  Any float32 arithmetic inside shows as
+1e-8 or more (JAX's ``dot_product_attention``, whose softmax is float32, was 2.6e-7 off;
+MXNet's ``LeakyReLU(act_type="gelu")`` 1e-7): 1e-9 tells the two apart.
 """
 import os
 import subprocess
@@ -128,6 +130,8 @@ def test_every_framework_computes_the_reference_logits(inputs, run, fw):
     for key in ("canonical", "perturbed", "short"):
         assert got[key].shape == ref[key].shape and got[key].dtype == np.float64
         assert np.abs(got[key] - ref[key]).max() <= LOGIT_TOL, (fw, key)
+    if fw == "paddle":
+        assert np.abs(got["perturbed_fused"] - ref["perturbed"]).max() <= LOGIT_TOL
     # the tests' inputs tell models apart: not all positions alike, the perturbation matters
     assert np.ptp(ref["perturbed"], axis=1).max() > 0.1
     assert np.abs(ref["perturbed"] - ref["canonical"]).max() > 0.1

@@ -47,8 +47,8 @@ class Block(nn.HybridBlock):
         s = F.batch_dot(q, k, transpose_b=True) * self.scale            # (B * nh, T, T)
         rows = F.contrib.arange_like(s, axis=1).reshape((-1, 1))
         cols = F.contrib.arange_like(s, axis=2).reshape((1, -1))
-        future = F.broadcast_greater(cols, rows)                         # (T, T): 1 above the diagonal
-        s = F.broadcast_sub(s, F.expand_dims(future, 0) * 1e30)          # exp(-1e30 + ...) == 0
+        future = F.broadcast_like(F.expand_dims(F.broadcast_greater(cols, rows), 0), s)
+        s = F.where(future, F.ones_like(s) * float("-inf"), s)          # keys after the query
         y = F.batch_dot(F.softmax(s, axis=-1), v)                        # (B * nh, T, hd)
         y = y.reshape((-4, -1, nh, 0, 0)).transpose((0, 2, 1, 3)).reshape((0, 0, -3))
         x = x + self.proj(y)
