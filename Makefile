@@ -15,7 +15,7 @@ TEST_PROFILE ?= smoke
 # Device counts the notebooks are tested with besides the default 2 (make test).
 TEST_DEVICE_COUNTS ?= 1 8
 
-.PHONY: book test check sweep lab venv data browser notebooks benchmark clean gpu-venv gpu-check doctor rehearse
+.PHONY: book test check sweep lab venv data browser slurm notebooks benchmark clean gpu-venv gpu-check doctor rehearse
 
 venv: $(STAMP)
 
@@ -56,6 +56,14 @@ browser:
 	    { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1; }; \
 	  fi; command -v chromium >/dev/null || echo "warning: no chromium; the browser test will be skipped (fails under CI)"; }
 
+# Debian's Slurm and munge for the cluster test (tests/test_slurm.py starts two nodes here).
+slurm:
+	@{ test -x /usr/sbin/slurmd && test -x /usr/sbin/munged; } || { \
+	  if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+	    apt-get install -y -q --no-install-recommends slurm-wlm munge >/dev/null 2>&1 || \
+	    { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends slurm-wlm munge >/dev/null 2>&1; }; \
+	  fi; { test -x /usr/sbin/slurmd && test -x /usr/sbin/munged; } || echo "warning: no slurm-wlm/munge; the cluster test will be skipped (fails under CI)"; }
+
 book: data
 	$(VENV)/bin/jupyter-book build . --warningiserror --nitpick --keep-going
 	@test -f _build/html/index.html && echo "book: $$(pwd)/_build/html/index.html"
@@ -77,7 +85,7 @@ empty :=
 space := $(empty) $(empty)
 # d2lmini's bytecode is written first: where PYTHONDONTWRITEBYTECODE is set (as on this project's
 # machines) every kernel and launched rank would otherwise compile d2lmini again (0.2 s each).
-test: data browser
+test: data browser slurm
 	@mkdir -p _build
 	@PYTHONDONTWRITEBYTECODE= $(PY) -m compileall -q d2lmini
 	D2LMINI_PROFILE=$(TEST_PROFILE) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile \

@@ -3,6 +3,10 @@
     python multinode_jax.py --process-id 0 --num-processes 2 --coordinator 127.0.0.1:PORT --out DIR
     python multinode_jax.py --process-id 1 --num-processes 2 --coordinator 127.0.0.1:PORT --out DIR
 
+Under Slurm (``slurm/jax.sbatch``) the three options are left out: ``initialize`` reads the
+process id and count from ``SLURM_PROCID`` and ``SLURM_NTASKS``, and the coordinator from
+``JAX_COORDINATOR_ADDRESS`` (or the first node of the job).
+
 Every process calls ``jax.distributed.initialize`` with the coordinator's address (process
 0 hosts it); afterwards ``jax.devices()`` lists the devices of *all* processes and one
 ``Mesh`` spans them.  Each process loads only its own slice of every global batch and turns
@@ -22,9 +26,9 @@ import sys
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--process-id", type=int, required=True)
-    ap.add_argument("--num-processes", type=int, required=True)
-    ap.add_argument("--coordinator", required=True, help="host:port of process 0")
+    ap.add_argument("--process-id", type=int, help="default: from the cluster (Slurm)")
+    ap.add_argument("--num-processes", type=int, help="default: from the cluster (Slurm)")
+    ap.add_argument("--coordinator", help="host:port of process 0; default: from the cluster")
     ap.add_argument("--local-devices", type=int, default=2, help="CPU devices per process")
     ap.add_argument("--out", required=True)
     ap.add_argument("--steps", type=int, default=3)
@@ -37,9 +41,11 @@ def main(argv=None):
     import jax
     jax.config.update("jax_cpu_collectives_implementation", "gloo")  # cross-process on CPU
     jax.config.update("jax_num_cpu_devices", args.local_devices)
+    # Options left out (None) are found by JAX: under Slurm, from SLURM_PROCID and SLURM_NTASKS.
     jax.distributed.initialize(coordinator_address=args.coordinator,
                                num_processes=args.num_processes, process_id=args.process_id,
                                initialization_timeout=args.init_timeout)
+    process_id, num_processes = jax.process_index(), jax.process_count()
     import jax.numpy as jnp
     import numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
@@ -55,7 +61,7 @@ def main(argv=None):
     replicated, sharded = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
     if args.batch % len(jax.devices()):
         sys.exit(f"--batch {args.batch} must be divisible by the {len(jax.devices())} devices")
-    per_process = args.batch // args.num_processes
+    per_process = args.batch // num_processes
 
     def replicate(a):
         return jax.make_array_from_callback(a.shape, replicated, lambda idx: a[idx])
@@ -74,7 +80,7 @@ def main(argv=None):
         return jax.tree.map(lambda a, ga: a - args.lr * ga, p, g)
 
     for s in range(args.steps):
-        lo = s * args.batch + args.process_id * per_process        # this process's slice only
+        lo = s * args.batch + process_id * per_process        # this process's slice only
         Xg = jax.make_array_from_process_local_data(sharded, X[lo:lo + per_process])
         yg = jax.make_array_from_process_local_data(sharded, y[lo:lo + per_process])
         params = step(params, Xg, yg)
@@ -89,7 +95,7 @@ def main(argv=None):
         "max_abs_diff_vs_one_process": float(max(np.abs(W - W_ref).max(), np.abs(b - b_ref).max())),
     }
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, f"process{args.process_id}.json"), "w") as f:
+    with open(os.path.join(args.out, f"process{process_id}.json"), "w") as f:
         json.dump(result, f)
     print(json.dumps(result), flush=True)
     jax.distributed.shutdown()
