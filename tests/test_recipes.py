@@ -144,6 +144,26 @@ def test_both_scripts_train_when_copied_alone(fw, tmp_path):
         assert math.isfinite(float(loss)) and 0 <= float(acc) <= 1 and int(devices) == k, log
 
 
+# A knob of each fast recipe that runs on every CPU: the copied script's knob path, not only its
+# defaults.
+CPU_KNOB = {"pytorch": "channels_last", "jax": "donate", "paddle": "nhwc", "mxnet": "hybridize"}
+
+
+@pytest.mark.parametrize("fw", FRAMEWORKS)
+def test_the_fast_script_trains_when_copied_alone(fw, tmp_path):
+    from d2lmini.data import find_data_dir
+    env = alone_env(fw, 1, tmp_path)
+    r = subprocess.run(command(fw, f"{fw}_fast.py", 1) + ALONE_ARGS
+                       + ["--data", str(find_data_dir()), f"--knobs={CPU_KNOB[fw]}"],
+                       capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=300)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    (loss, acc, devices), = PRINTOUT.findall(r.stdout)
+    assert math.isfinite(float(loss)) and 0 <= float(acc) <= 1 and int(devices) == 1
+    bad = subprocess.run(command(fw, f"{fw}_fast.py", 1) + ["--knobs=turbo"], capture_output=True,
+                         text=True, env=env, cwd=str(tmp_path), timeout=300)
+    assert bad.returncode != 0 and "unknown knobs ['turbo']" in bad.stderr, bad.stderr[-2000:]
+
+
 def test_a_copied_script_names_the_missing_data_files(tmp_path):
     (tmp_path / "empty").mkdir()
     r, log = run_alone("pytorch", "pytorch_one.py", 1, tmp_path, tmp_path / "empty")
@@ -266,3 +286,9 @@ def test_the_copy_alone_blocks_are_twins():
             neutral.setdefault(name, {})[fw] = f_one[name]
     for name, by_fw in neutral.items():
         assert len(set(by_fw.values())) == 1, f"{name} differs between the frameworks' recipes"
+    # the fast scripts' blocks: the same reader and printout, and one command line with --knobs
+    fast = {fw: _alone_functions(RECIPE / f"{fw}_fast.py")[1] for fw in FRAMEWORKS}
+    for fw, funcs in fast.items():
+        assert funcs["load_data"] == neutral["load_data"][fw] and \
+            funcs["report"] == neutral["report"][fw], f"{fw}_fast.py's copy-alone block differs"
+    assert len({funcs["parse_args"] for funcs in fast.values()}) == 1

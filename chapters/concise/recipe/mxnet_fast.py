@@ -38,12 +38,19 @@ turns it off on GPU hosts (exact numerics) unless that variable is set before th
 """
 import contextlib
 import functools
+import os
 import time
 
-import d2lmini
-from d2lmini import mxnet as d2l            # before mxnet: installs the NumPy 2 shim
-from d2lmini import recipe
-from d2lmini.hardware import cpu_bf16_gap
+import numpy as np
+
+try:                                      # the book's package: settings, data, initial weights
+    import d2lmini
+except ImportError:                       # this file copied alone: see its end
+    d2lmini = None
+if d2lmini:
+    from d2lmini import BatchIterator, recipe
+    from d2lmini import mxnet as d2l        # before mxnet: installs the NumPy 2 shim
+    from d2lmini.hardware import cpu_bf16_gap
 import mxnet as mx
 from mxnet import autograd, gluon, nd
 from mxnet.contrib import amp
@@ -180,7 +187,7 @@ def evaluate(net, data, device, knobs=()):
         net.hybridize(active=False)            # the layers, not the graph traced under AMP
     correct = 0
     with float32_operators():
-        for X, y in d2lmini.BatchIterator(data.X_test, data.y_test, 256):
+        for X, y in BatchIterator(data.X_test, data.y_test, 256):
             correct += d2l.accuracy(net(nd.array(X, ctx=device)), nd.array(y, ctx=device))
     if amp_graph:
         prepare(net, device, knobs)            # traced again, under AMP, at the next step
@@ -196,14 +203,15 @@ def main(argv=None):
     if dtype:
         init_amp(dtype)                        # before the net is built
     net = d2l.resnet18(10, 1, width=args.width)
-    d2l.canonical_init(net, d2lmini.resnet18_init(width=args.width, seed=args.seed))
+    if d2lmini:                           # the same initial weights in every framework
+        d2l.canonical_init(net, d2lmini.resnet18_init(width=args.width, seed=args.seed))
     net = prepare(net, device, knobs)
     trainer = gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': args.lr})
     if dtype == "float16":
         amp.init_trainer(trainer)              # dynamic loss scaling
     train_step = make_train_step(net, trainer, knobs)
-    batches = d2lmini.BatchIterator(data.X_train, data.y_train, args.batch_size,
-                                    shuffle=True, seed=args.seed, drop_last=True)
+    batches = BatchIterator(data.X_train, data.y_train, args.batch_size,
+                            shuffle=True, seed=args.seed, drop_last=True)
     for epoch in range(args.epochs):           # a new order every epoch
         start = time.time()
         losses = [train_step(nd.array(X, ctx=device), nd.array(y, ctx=device))
@@ -212,6 +220,109 @@ def main(argv=None):
         seconds = time.time() - start
         recipe.report(args, epoch, loss_mean, evaluate(net, data, device, knobs),
                       devices=1, framework=d2l.FRAMEWORK, seconds=seconds)
+
+
+# -- This file copied alone, without the book's package d2lmini: what it takes from d2lmini. ---
+if d2lmini is None:
+    import argparse
+    import gzip
+    from types import SimpleNamespace
+
+    from mxnet.gluon.model_zoo import vision
+
+    def parse_args(argv=None, knobs=(), default_knobs=None):
+        """The command line; by default, 10 epochs on all of Fashion-MNIST and the knobs
+        `default_knobs` (else all of `knobs`; --knobs a,b chooses among them)."""
+        p = argparse.ArgumentParser(description=__doc__,
+                                    formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.add_argument("--data", default=os.environ.get("D2LMINI_DATA", "fashion-mnist"),
+                       help="the directory of the four Fashion-MNIST files (.gz)")
+        for name, default in dict(epochs=10, batch_size=256, lr=0.1, width=64,
+                                  train_samples=60000, test_samples=10000, seed=0).items():
+            p.add_argument("--" + name.replace("_", "-"), type=type(default), default=default)
+        p.add_argument("--knobs", default=",".join(knobs if default_knobs is None
+                                                   else default_knobs),
+                       help=f"comma-separated, from: {', '.join(knobs)}")
+        args = p.parse_args(argv)
+        args.knobs = tuple(k for k in args.knobs.split(",") if k)
+        if set(args.knobs) - set(knobs):
+            p.error(f"unknown knobs {sorted(set(args.knobs) - set(knobs))}; "
+                    f"choose from {', '.join(knobs)}")
+        return args
+
+    def accepted_knobs(check_knobs, knobs, device):
+        """The knobs `check_knobs` accepts on `device`, one by one: the default --knobs."""
+        def accepted(knob):
+            try:
+                check_knobs((knob,), device)
+            except RuntimeError:
+                return False
+            return True
+        return tuple(k for k in knobs if accepted(k))
+
+    def cpu_bf16_gap():
+        """Why this CPU has no bfloat16 kernels (d2lmini reads its instruction sets)."""
+        return None
+
+    def load_data(args):
+        """The first --train-samples and --test-samples of Fashion-MNIST, read from the
+        upstream files in --data: images NCHW float32 in [0, 1], labels int64."""
+        def read(name, n):
+            path = os.path.join(args.data, name)
+            if not os.path.isfile(path):
+                raise SystemExit(f"{path} is missing: download the four files of https://"
+                                 "github.com/zalandoresearch/fashion-mnist into a directory "
+                                 "and pass it as --data")
+            with gzip.open(path) as f:           # IDX: a header of 16 (images) or 8 bytes
+                raw = np.frombuffer(f.read(), np.uint8)
+            if "images" in name:
+                return raw[16:].reshape(-1, 1, 28, 28)[:n].astype(np.float32) / 255
+            return raw[8:][:n].astype(np.int64)
+        n, m = args.train_samples, args.test_samples
+        return SimpleNamespace(X_train=read("train-images-idx3-ubyte.gz", n),
+                               y_train=read("train-labels-idx1-ubyte.gz", n),
+                               X_test=read("t10k-images-idx3-ubyte.gz", m),
+                               y_test=read("t10k-labels-idx1-ubyte.gz", m))
+
+    def report(args, epoch, loss, test_acc, devices, framework, seconds):
+        print(f"epoch {epoch + 1}: loss {loss:.3f}, test accuracy {test_acc:.3f} "
+              f"({devices} device{'s' if devices != 1 else ''}, {seconds:.1f} s)", flush=True)
+
+    recipe = SimpleNamespace(parse_args=parse_args, load_data=load_data, report=report,
+                             accepted_knobs=accepted_knobs)
+
+    class BatchIterator:
+        """Minibatches of (X, y); shuffled: a new order at every pass, drawn from `seed`."""
+        def __init__(self, X, y, batch_size, shuffle=False, seed=0, drop_last=False):
+            self.X, self.y, self.batch_size, self.drop_last = X, y, batch_size, drop_last
+            self.rng = np.random.default_rng(seed) if shuffle else None
+
+        def __iter__(self):
+            n, b = len(self.y), self.batch_size
+            order = self.rng.permutation(n) if self.rng else np.arange(n)
+            for i in range(0, n - b + 1 if self.drop_last else n, b):
+                yield self.X[order[i:i + b]], self.y[order[i:i + b]]
+
+    def resnet18(num_classes, in_channels, width):
+        """Gluon's ResNet-18 for small images (a 3x3 stem, no max-pooling), with MXNet's initial
+        weights; Gluon infers in_channels from the images."""
+        net = vision.ResNetV1(vision.BasicBlockV1, [2, 2, 2, 2],
+                              [width, width, 2 * width, 4 * width, 8 * width],
+                              classes=num_classes, thumbnail=True)
+        net.initialize()
+        return net
+
+    def try_all_gpus():
+        """Every GPU, else D2LMINI_NUM_DEVICES (default 2) CPU contexts, distinct to MXNet."""
+        n = mx.context.num_gpus()
+        k = int(os.environ.get("D2LMINI_NUM_DEVICES", 2))
+        return [mx.gpu(i) for i in range(n)] if n else [mx.cpu(i) for i in range(k)]
+
+    d2l = SimpleNamespace(
+        FRAMEWORK="mxnet", resnet18=resnet18, try_all_gpus=try_all_gpus,
+        try_gpu=lambda: try_all_gpus()[0], unsupported_gpu=lambda: None,
+        accuracy=lambda y_hat, y: float((y_hat.argmax(axis=1).astype(y.dtype) == y).sum()
+                                        .asscalar()))
 
 
 if __name__ == "__main__":

@@ -44,8 +44,12 @@ import time
 
 import numpy as np
 
-import d2lmini
-from d2lmini import paddle as d2l, recipe   # imports paddle first (and quiets its warnings)
+try:                                      # the book's package: settings, data, initial weights
+    import d2lmini
+except ImportError:                       # this file copied alone: see its end
+    d2lmini = None
+if d2lmini:
+    from d2lmini import paddle as d2l, recipe   # imports paddle first (and quiets its warnings)
 import paddle
 from paddle import nn
 
@@ -178,7 +182,8 @@ def main(argv=None):
         raise ValueError(f"the global batch size {args.batch_size} is not divisible by k = {k}")
     data = recipe.load_data(args)
     net = resnet18(args.width, knobs)
-    d2l.canonical_init(net, d2lmini.resnet18_init(width=args.width, seed=args.seed))
+    if d2lmini:                           # the same initial weights in every framework
+        d2l.canonical_init(net, d2lmini.resnet18_init(width=args.width, seed=args.seed))
     model = net
     loss_fn = nn.CrossEntropyLoss()
     optimizer = paddle.optimizer.SGD(learning_rate=args.lr, parameters=model.parameters())
@@ -199,6 +204,89 @@ def main(argv=None):
         if rank == 0:
             recipe.report(args, epoch, loss, test_acc, devices=k, framework=d2l.FRAMEWORK,
                           seconds=seconds)
+
+
+# -- This file copied alone, without the book's package d2lmini: what it takes from d2lmini. ---
+if d2lmini is None:
+    import argparse
+    import gzip
+    from types import SimpleNamespace
+
+    def parse_args(argv=None, knobs=(), default_knobs=None):
+        """The command line; by default, 10 epochs on all of Fashion-MNIST and the knobs
+        `default_knobs` (else all of `knobs`; --knobs a,b chooses among them)."""
+        p = argparse.ArgumentParser(description=__doc__,
+                                    formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.add_argument("--data", default=os.environ.get("D2LMINI_DATA", "fashion-mnist"),
+                       help="the directory of the four Fashion-MNIST files (.gz)")
+        for name, default in dict(epochs=10, batch_size=256, lr=0.1, width=64,
+                                  train_samples=60000, test_samples=10000, seed=0).items():
+            p.add_argument("--" + name.replace("_", "-"), type=type(default), default=default)
+        p.add_argument("--knobs", default=",".join(knobs if default_knobs is None
+                                                   else default_knobs),
+                       help=f"comma-separated, from: {', '.join(knobs)}")
+        args = p.parse_args(argv)
+        args.knobs = tuple(k for k in args.knobs.split(",") if k)
+        if set(args.knobs) - set(knobs):
+            p.error(f"unknown knobs {sorted(set(args.knobs) - set(knobs))}; "
+                    f"choose from {', '.join(knobs)}")
+        return args
+
+    def load_data(args):
+        """The first --train-samples and --test-samples of Fashion-MNIST, read from the
+        upstream files in --data: images NCHW float32 in [0, 1], labels int64."""
+        def read(name, n):
+            path = os.path.join(args.data, name)
+            if not os.path.isfile(path):
+                raise SystemExit(f"{path} is missing: download the four files of https://"
+                                 "github.com/zalandoresearch/fashion-mnist into a directory "
+                                 "and pass it as --data")
+            with gzip.open(path) as f:           # IDX: a header of 16 (images) or 8 bytes
+                raw = np.frombuffer(f.read(), np.uint8)
+            if "images" in name:
+                return raw[16:].reshape(-1, 1, 28, 28)[:n].astype(np.float32) / 255
+            return raw[8:][:n].astype(np.int64)
+        n, m = args.train_samples, args.test_samples
+        return SimpleNamespace(X_train=read("train-images-idx3-ubyte.gz", n),
+                               y_train=read("train-labels-idx1-ubyte.gz", n),
+                               X_test=read("t10k-images-idx3-ubyte.gz", m),
+                               y_test=read("t10k-labels-idx1-ubyte.gz", m))
+
+    def report(args, epoch, loss, test_acc, devices, framework, seconds):
+        print(f"epoch {epoch + 1}: loss {loss:.3f}, test accuracy {test_acc:.3f} "
+              f"({devices} device{'s' if devices != 1 else ''}, {seconds:.1f} s)", flush=True)
+
+    recipe = SimpleNamespace(parse_args=parse_args, load_data=load_data, report=report)
+
+    class Residual(nn.Layer):
+        """Two 3x3 convolutions and the shortcut (a 1x1 convolution where the block strides)."""
+        def __init__(self, cin, cout, stride, f):
+            super().__init__()
+            self.body = nn.Sequential(
+                nn.Conv2D(cin, cout, 3, stride, padding=1, data_format=f),
+                nn.BatchNorm2D(cout, data_format=f), nn.ReLU(),
+                nn.Conv2D(cout, cout, 3, padding=1, data_format=f),
+                nn.BatchNorm2D(cout, data_format=f))
+            self.shortcut = (nn.Conv2D(cin, cout, 1, stride, data_format=f) if stride > 1
+                             else nn.Identity())
+
+        def forward(self, X):
+            return nn.functional.relu(self.body(X) + self.shortcut(X))
+
+    def _resnet18(num_classes, in_channels, width, data_format="NCHW"):
+        """ResNet-18 for 28x28 images (a 3x3 stem, no max-pooling), Paddle's initial weights;
+        every layer in `data_format` (the same parameters in both)."""
+        c, f = [width] + [width * 2 ** (i // 2) for i in range(8)], data_format
+        return nn.Sequential(
+            nn.Conv2D(in_channels, width, 3, padding=1, data_format=f),
+            nn.BatchNorm2D(width, data_format=f), nn.ReLU(),
+            *[Residual(cin, cout, 2 if cout > cin else 1, f) for cin, cout in zip(c, c[1:])],
+            nn.AdaptiveAvgPool2D(1, data_format=f), nn.Flatten(), nn.Linear(8 * width, num_classes))
+
+    d2l = SimpleNamespace(
+        FRAMEWORK="paddle", resnet18=_resnet18,
+        try_gpu=lambda i=0: f"gpu:{i}" if paddle.device.cuda.device_count() > i else "cpu",
+        accuracy=lambda y_hat, y: float((y_hat.argmax(axis=1) == y).astype("float32").sum()))
 
 
 if __name__ == "__main__":
