@@ -21,6 +21,7 @@ import json
 import os
 import re
 import shlex
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -288,6 +289,17 @@ def test_the_concise_recipe_trains_on_two_nodes(jobs, framework):
     assert lines, job.output[-3000:]
     loss, acc, k = lines[0]
     assert int(k) == 2 and 0 < float(loss) < 10 and 0 <= float(acc) <= 1
+
+
+@pytest.mark.parametrize("script", ["torch.sbatch", "jax.sbatch", "paddle.sbatch"])
+def test_a_script_run_wrongly_says_how_to_run_it(script, tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    r = subprocess.run(["bash", str(SBATCH / script), "multinode_torch.py"], env=env, cwd=tmp_path,
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode != 0 and "submit this script with sbatch" in r.stderr, r.stderr
+    r = subprocess.run(["bash", str(SBATCH / script)], env={**env, "SLURM_JOB_ID": "7"},
+                       cwd=tmp_path, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and f"usage: sbatch {script} PROGRAM.py" in r.stderr, r.stderr
 
 
 def test_the_page_shows_a_record_of_these_scripts():
