@@ -125,6 +125,8 @@ def test_obtain_from_a_package_file_that_is_wrong_keeps_nothing(elsewhere, tmp_p
     with pytest.raises(d2lmini.DataError, match="is corrupt"):
         C.obtain_corpus(download=False, deb=deb)
     assert not elsewhere.exists()
+    with pytest.raises(d2lmini.DataError, match="cannot read the package .*no.deb"):
+        C.obtain_corpus(download=False, deb=tmp_path / "no.deb")
 
 
 # --- tokens and windows ---------------------------------------------------------------------

@@ -97,8 +97,11 @@ def _apt_download(directory: str) -> bytes | None:
     """The package's bytes by ``apt-get download`` (no root needed), or None."""
     if not shutil.which("apt-get"):
         return None
-    r = subprocess.run(["apt-get", "download", "-q", PACKAGE], cwd=directory,
-                       capture_output=True, text=True, timeout=300)
+    try:
+        r = subprocess.run(["apt-get", "download", "-q", PACKAGE], cwd=directory,
+                           capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.SubprocessError):
+        return None
     debs = sorted(Path(directory).glob(f"{PACKAGE}_*.deb"))
     return debs[-1].read_bytes() if r.returncode == 0 and debs else None
 
@@ -127,7 +130,11 @@ def obtain_corpus(download: bool = True, deb: str | os.PathLike | None = None) -
         if deb is None and not download:
             raise
     if deb is not None:
-        text = text_from_deb(Path(deb).read_bytes())
+        try:
+            raw = Path(deb).read_bytes()
+        except OSError as e:
+            raise DataError(f"cannot read the package {deb} ({e}).\n{HOW_TO_FIX}") from e
+        text = text_from_deb(raw)
     else:
         with tempfile.TemporaryDirectory() as tmp:
             raw = _apt_download(tmp)
