@@ -103,6 +103,8 @@ class LocalSlurm:
 
     def _write_config(self) -> None:
         d = self.dir
+        for sub in ("state", "log", "munge", "spool"):       # a fresh cluster every time
+            shutil.rmtree(d / sub, ignore_errors=True)
         for sub in ("state", "log", "munge", *(f"spool/{n}" for n in NODES)):
             (d / sub).mkdir(parents=True, exist_ok=True)
         os.chmod(d, 0o755)
@@ -226,20 +228,24 @@ PartitionName=book Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe
         self.procs.clear()
 
     def leftovers(self) -> list[int]:
-        """Processes still running that belong to this cluster (its daemons, step daemons and
-        job processes, found by this cluster's directory in their command line or environment)."""
-        mark, found = str(self.dir), []
+        """Processes still running that belong to this cluster: the daemons it started, and
+        every process with this cluster's SLURM_CONF in its environment that is a Slurm daemon
+        or part of a job (SLURM_JOB_ID set) -- never a shell that merely exported SLURM_CONF."""
+        conf, found = f"SLURM_CONF={self.conf}\0".encode(), set()
+        mine = _ancestors(os.getpid())
         for p in Path("/proc").iterdir():
-            if not p.name.isdigit() or int(p.name) == os.getpid():
+            if not p.name.isdigit() or int(p.name) in mine:
                 continue
             try:
-                cmd = (p / "cmdline").read_bytes()
                 env = (p / "environ").read_bytes()
+                comm = (p / "comm").read_text().strip()
             except OSError:
                 continue
-            if mark.encode() in cmd or f"SLURM_CONF={self.conf}".encode() in env:
-                found.append(int(p.name))
-        return [pid for pid in found if _alive(pid)]
+            if conf in env and (b"\0SLURM_JOB_ID=" in env or env.startswith(b"SLURM_JOB_ID=")
+                                or comm in ("slurmstepd", "slurmd", "slurmctld")):
+                found.add(int(p.name))
+        found |= {pid for pid in self.procs.values() if pid}
+        return sorted(pid for pid in found if _alive(pid) and pid not in mine)
 
     def job_processes(self, job_id: int) -> list[int]:
         """The running processes of one job of this cluster (by SLURM_JOB_ID in their
@@ -358,6 +364,18 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _ancestors(pid: int) -> set[int]:
+    """``pid`` and the processes above it (never to be killed by :meth:`LocalSlurm.stop`)."""
+    out = set()
+    while pid > 1 and pid not in out:
+        out.add(pid)
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            break
+    return out
+
+
 def _kill(pid: int) -> None:
     try:
         os.kill(pid, signal.SIGKILL)
@@ -381,10 +399,11 @@ def main(argv=None) -> int:
         print(f"export SLURM_CONF={cluster.conf}   # then sbatch/srun/sinfo; "
               f"`python {sys.argv[0]} down --dir {a.dir}` stops it")
         return 0
-    cluster.procs = {"slurmctld": 0}
-    for pidfile in [*cluster.dir.glob("*.pid"), cluster.dir / "munge" / "munged.pid"]:
+    for name, pidfile in [("slurmctld", cluster.dir / "slurmctld.pid"),
+                          *[(f"slurmd-{n}", cluster.dir / f"slurmd-{n}.pid") for n in NODES],
+                          ("munged", cluster.dir / "munge" / "munged.pid")]:
         try:
-            cluster.procs[pidfile.name] = int(pidfile.read_text().split()[0])
+            cluster.procs[name] = int(pidfile.read_text().split()[0])
         except (OSError, ValueError, IndexError):
             pass
     cluster.stop()
