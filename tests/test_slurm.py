@@ -93,15 +93,15 @@ def record(name: str, job, command: str) -> None:
 
 
 def command(script: str, args, extra=()) -> str:
-    """The command as a reader types it, next to the scripts."""
+    """The command as a reader types it in chapters/comparison/."""
     def rel(a):
         a = str(a)
-        for base, shown_as in ((str(SBATCH) + "/", ""), (str(HERE) + "/", ""),
-                               (str(RECIPES) + "/", "recipe/")):
+        for base, shown_as in ((str(SBATCH) + "/", "slurm/"), (str(HERE) + "/", ""),
+                               (str(RECIPES) + "/", "../concise/recipe/")):
             if a.startswith(base):
                 return shown_as + a[len(base):]
         return a
-    return " ".join(["sbatch", *extra, script, *(rel(a) for a in args)])
+    return " ".join(["sbatch", *extra, rel(SBATCH / script), *(rel(a) for a in args)])
 
 
 @pytest.fixture(scope="module")
@@ -299,7 +299,7 @@ def test_a_script_run_wrongly_says_how_to_run_it(script, tmp_path):
     assert r.returncode != 0 and "submit this script with sbatch" in r.stderr, r.stderr
     r = subprocess.run(["bash", str(SBATCH / script)], env={**env, "SLURM_JOB_ID": "7"},
                        cwd=tmp_path, capture_output=True, text=True, timeout=30)
-    assert r.returncode == 2 and f"usage: sbatch {script} PROGRAM.py" in r.stderr, r.stderr
+    assert r.returncode == 2 and f"usage: sbatch slurm/{script} PROGRAM.py" in r.stderr, r.stderr
 
 
 def test_the_page_shows_a_record_of_these_scripts():
