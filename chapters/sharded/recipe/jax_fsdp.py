@@ -1,7 +1,7 @@
 """The sharded chapter's recipe in JAX: jax_dp.py with the training state sharded too.  ResNet-18
 on Fashion-MNIST with plain SGD, from d2lmini's canonical initial weights, on k devices driven by
 one process: the batch, the parameters and the optimizer state are all sharded over the mesh's
-'data' axis (FSDP, ZeRO-3), and one jitted step lets XLA gather and reduce-scatter.  Copied alone,
+'data' axis (FSDP, ZeRO-3), and one jitted step lets XLA insert the collectives.  Copied alone,
 it needs JAX, Flax, Optax and NumPy only: Flax's initial weights, the data files in --data, every
 GPU (or XLA_FLAGS=--xla_force_host_platform_device_count=k CPU devices).
 
@@ -99,8 +99,10 @@ def main():
              for part in ('params', 'opt_state')}
     print(f"device 0 holds {held['params']} of the {total['params']} parameter bytes, "
           f"{held['opt_state']} of the {total['opt_state']} optimizer-state bytes", flush=True)
-    # One jitted step: the new state keeps the state's sharding (XLA all-gathers the parameters
-    # where they are used and reduce-scatters the gradients), the loss is replicated.
+    # One jitted step: the new state keeps the state's sharding, the loss is replicated.  XLA
+    # all-gathers the parameters where they are used and sums each slice of the gradients over
+    # the devices (on the CPU the compiled step does it with all-reduces: it has no
+    # reduce-scatter; a GPU's has not been looked at, unconfirmed on GPU).
     step = jax.jit(train_step, static_argnums=(0, 1), donate_argnums=2,
                    out_shardings=(state_sharding, replicated))
     train_iter = BatchIterator(data.X_train, data.y_train.astype(np.int32), args.batch_size,

@@ -32,8 +32,8 @@ if d2lmini:
 def train_step(model, loss_fn, optimizer, X, y):
     """One SGD step on the batch (X, y); returns its mean loss (on the device)."""
     optimizer.zero_grad()
-    loss = loss_fn(model(X), y)           # each block all-gathers its parameters, frees them
-    loss.backward()                       # again; then reduce-scatters (averages) its gradient
+    loss = loss_fn(model(X), y)           # each block gathers its parameters, then frees them
+    loss.backward()                       # gathers them again; reduce-scatters (averages) grads
     optimizer.step()                      # each rank updates its own 1/k of every parameter
     return loss.detach()                  # no .item(): the host does not wait for every step
 
