@@ -23,7 +23,7 @@ venv: $(STAMP)
 # holds a GPU build (CUDA torch, jax CUDA plugin, paddlepaddle-gpu, mxnet-cu*) is refused:
 # these steps would replace it by the CPU builds.
 $(STAMP): requirements.txt requirements-common.txt requirements-flax.txt requirements-mxnet.txt pyproject.toml
-	@if test -x $(PY); then $(PY) tools/gpu_env.py cpu-venv-ok $(VENV); fi
+	@if test -x $(PY); then $(PY) -m tools.gpu_env cpu-venv-ok $(VENV); fi
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
 	$(PIP) install "$$(grep -E '^torch==' requirements.txt)" 2>&1 | grep -v "^WARNING: Location" || true
@@ -65,6 +65,7 @@ slurm:
 	  fi; { test -x /usr/sbin/slurmd && test -x /usr/sbin/munged; } || echo "warning: no slurm-wlm/munge; the cluster test will be skipped (fails under CI)"; }
 
 book: data
+	$(PY) -m tools.manifest --write-toc
 	$(VENV)/bin/jupyter-book build . --warningiserror --nitpick --keep-going
 	@test -f _build/html/index.html && echo "book: $$(pwd)/_build/html/index.html"
 
@@ -76,7 +77,7 @@ book: data
 # over TEST_WORKERS (2) processes (pytest-xdist; the tests mostly wait on kernels, launched
 # ranks and browsers).  conftest.py makes a
 # notebook at one device count one unit of work, handed out longest first
-# (tests/durations.json; `tools/test_durations.py _build/test-results.xml` refreshes it from
+# (tests/durations.json; `python -m tools.test_durations _build/test-results.xml` refreshes it from
 # the last run).  TEST_WORKERS=0 runs everything in this process, one after the other.
 TEST_WORKERS ?= 2
 TEST_ARGS ?=
@@ -97,7 +98,7 @@ test: data browser slurm
 NB ?=
 check: data
 	@PYTHONDONTWRITEBYTECODE= $(PY) -m compileall -q d2lmini
-	$(PY) tools/check.py $(NB)
+	$(PY) -m tools.check $(NB)
 
 # Every notebook with every device count from 1 to 8 (about an hour on 2 cores); the
 # per-k summary lines go to _build/sweep.txt.
@@ -113,12 +114,12 @@ sweep: data
 # machine, tunnel: ssh -N -L $(LAB_PORT):127.0.0.1:$(LAB_PORT) <this host>  (tools/lab.py)
 LAB_PORT ?= 8888
 lab: data
-	$(PY) tools/lab.py --port $(LAB_PORT)
+	$(PY) -m tools.lab --port $(LAB_PORT)
 
 # Re-execute every notebook in place under the current profile (default: cpu without GPUs),
 # refreshing the outputs stored in the repository.
 notebooks: data
-	$(PY) tools/execute_notebooks.py chapters
+	$(PY) -m tools.execute_notebooks chapters
 
 # Rehearse a profile's training on this machine before a GPU sees it (default: the gpu profile
 # with one device, as a one-GPU reader runs it): make rehearse NB="chapters/scratch/pytorch.ipynb"
@@ -127,11 +128,11 @@ notebooks: data
 REHEARSE_ARGS ?=
 rehearse: data
 	@test -n "$(NB)" || { echo 'usage: make rehearse NB="chapters/scratch/pytorch.ipynb ..."' >&2; exit 2; }
-	$(PY) tools/rehearse.py $(REHEARSE_ARGS) $(NB)
+	$(PY) -m tools.rehearse $(REHEARSE_ARGS) $(NB)
 
 # Time the scratch and concise implementations on 1, 2 and 4 devices -> benchmarks/results.json
 benchmark: data
-	$(PY) tools/benchmark.py
+	$(PY) -m tools.benchmark
 
 clean:
 	rm -rf _build
@@ -173,7 +174,7 @@ gpu-venv:
 # Resolve every GPU environment with pip --dry-run (installs nothing); Paddle only where its
 # index is reachable.
 gpu-check:
-	@py=$(PY); test -x $$py || py=$(PYTHON); $$py tools/gpu_env.py check
+	@py=$(PY); test -x $$py || py=$(PYTHON); $$py -m tools.gpu_env check
 
 # The doctor in every venv that exists: what each framework sees, what is wrong, the fixes.
 doctor:
@@ -190,7 +191,7 @@ STEP_BENCH_OUT ?= benchmarks/gpu-bench/steps.json
 .PHONY: gpu-bench
 gpu-bench:
 	@py="$(PY)"; command -v "$$py" >/dev/null || py="$(PYTHON)"; \
-	  $$py tools/step_bench.py --out $(STEP_BENCH_OUT) $(STEP_BENCH_ARGS)
+	  $$py -m tools.step_bench --out $(STEP_BENCH_OUT) $(STEP_BENCH_ARGS)
 
 # --- A GPU server without network: run what can run, write a report --------------------------
 # Any interpreter that holds the frameworks' GPU builds (and d2lmini, or nothing: the tool puts
@@ -207,9 +208,9 @@ GPU_RUN_ARGS ?=
 GPU_RUN_OUT ?= benchmarks/gpu-run
 gpu-run:
 	@py="$(PY)"; command -v "$$py" >/dev/null || py="$(PYTHON)"; rc=0; \
-	  $$py tools/gpu_run.py --profile smoke --devices 1 --skip-benchmark \
+	  $$py -m tools.gpu_run --profile smoke --devices 1 --skip-benchmark \
 	    --out-dir $(GPU_RUN_OUT)/smoke-k1 $(GPU_RUN_ARGS) || rc=1; \
-	  $$py tools/gpu_run.py --profile smoke --devices 8 --skip-benchmark \
+	  $$py -m tools.gpu_run --profile smoke --devices 8 --skip-benchmark \
 	    --out-dir $(GPU_RUN_OUT)/smoke-k8 $(GPU_RUN_ARGS) || rc=1; \
-	  $$py tools/gpu_run.py --profile gpu --chapters devices,scratch,concise \
+	  $$py -m tools.gpu_run --profile gpu --chapters devices,scratch,concise \
 	    --out-dir $(GPU_RUN_OUT)/gpu-profile $(GPU_RUN_ARGS) || rc=1; exit $$rc

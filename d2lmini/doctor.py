@@ -33,15 +33,14 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 from importlib import metadata
 
+from .frameworks import FRAMEWORKS as _FWS, KEYS as FRAMEWORKS   # the book's order
 from .hardware import (GPU_BUILDS, GpuInfo, canonical_framework, gpu_build_fix,
                        gpu_builds_installed, mxnet_unsupported_gpu, nvidia_gpus)
 
-FRAMEWORKS = ("torch", "jax", "paddle", "mxnet")
-MODULES = {"torch": "torch", "jax": "jax", "paddle": "paddle", "mxnet": "mxnet"}
-DISTRIBUTIONS = {"torch": r"torch", "jax": r"jax", "paddle": r"paddlepaddle(-gpu)?",
-                 "mxnet": r"mxnet(-cu\d+)?"}
+MODULES = {f.key: f.module for f in _FWS}
+DISTRIBUTIONS = {f.key: f.distribution for f in _FWS}
 # How hardware.gpu_builds_installed() entries of each framework begin.
-_GPU_DIST = {"torch": "torch ", "jax": "jax", "paddle": "paddlepaddle-gpu", "mxnet": "mxnet-cu"}
+_GPU_DIST = {f.key: f.gpu_distribution for f in _FWS}
 MARKER = "D2LMINI-DOCTOR-PROBE:"
 DEFAULT_TIMEOUT = 180.0
 

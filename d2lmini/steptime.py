@@ -26,7 +26,7 @@ import statistics
 import time
 from typing import Callable, Iterable, Sequence
 
-from .tables import NAMES
+from .frameworks import KEYS as FRAMEWORKS, TITLES as NAMES
 
 __all__ = ["STEP", "EPOCH", "StepTiming", "time_steps", "time_epoch", "StepFit",
            "fit_step_time", "mfu", "predicted_speedup", "plot_step_fits", "ladder",
@@ -332,7 +332,7 @@ def gpu_ladders(run_dir, batch: int = 256) -> list[dict]:
                          "ms_max": max(p["reps"]), "tflops": flop / p["ms"] * 1e3 / 1e12,
                          "mfu": mfu(flop, p["ms"] / 1e3, peak), "peak_of": numerics or "tf32",
                          "timed_by": "probe, after the benchmark"})
-    order = {fw: i for i, fw in enumerate(["torch", "jax", "paddle", "mxnet"])}
+    order = {fw: i for i, fw in enumerate(FRAMEWORKS)}
     rows.sort(key=lambda r: order.get(r["framework"], 9))       # stable: ladder order kept
     for fw in {r["framework"] for r in rows}:
         mine = [r for r in rows if r["framework"] == fw]
@@ -363,7 +363,7 @@ def plot_gpu_ladders(rows: Sequence[dict], title: str = "", ax=None):
     rs = rows[::-1]
     med = [r["ms_median"] for r in rs]
     err = [[r["ms_median"] - r["ms_min"] for r in rs], [r["ms_max"] - r["ms_median"] for r in rs]]
-    colors = [f"C{['torch', 'jax', 'paddle', 'mxnet'].index(r['framework'])}" for r in rs]
+    colors = [f"C{FRAMEWORKS.index(r['framework'])}" for r in rs]
     bars = ax.barh(labels, med, xerr=err, color=colors, alpha=0.85, capsize=2)
     for bar, r in zip(bars, rs):
         if r["timed_by"] != "benchmark":

@@ -12,8 +12,7 @@ import json
 from pathlib import Path
 from typing import Iterable, Sequence
 
-FRAMEWORKS = ("torch", "jax", "paddle", "mxnet")          # the book's order: PyTorch first
-NAMES = {"torch": "PyTorch", "jax": "JAX", "paddle": "Paddle", "mxnet": "MXNet"}
+from .frameworks import KEYS as FRAMEWORKS, TITLES as NAMES   # the book's order: PyTorch first
 IMPL_NAMES = {"seed": "naive", "ring": "ring", "concise": "concise"}   # 'seed' in the files
 
 

@@ -23,8 +23,8 @@ def main(fw: str) -> dict:
     out = {}
     logging.getLogger().setLevel(logging.WARNING)
     import d2lmini
-    out["core_imports_no_framework"] = not any(
-        m in sys.modules for m in ("torch", "jax", "mxnet", "paddle"))
+    from d2lmini.frameworks import FRAMEWORKS
+    out["core_imports_no_framework"] = not any(f.module in sys.modules for f in FRAMEWORKS)
     d2l = __import__(f"d2lmini.{fw}", fromlist=["x"])
     out["root_logger_level"] = logging.getLogger().level
     devices = d2l.try_all_gpus()

@@ -4,8 +4,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
+
+def pytest_collection_modifyitems(items):
+    """Every test of the built book is ``slow``: it waits for the whole book to build."""
+    for item in items:
+        if "built_book" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")

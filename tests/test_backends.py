@@ -12,7 +12,12 @@ from pathlib import Path
 
 import pytest
 
-FRAMEWORKS = ["mxnet", "torch", "jax", "paddle"]
+from d2lmini.frameworks import KEYS
+from helpers import one_gpu_smi, path_with
+
+pytestmark = pytest.mark.slow   # every backend in 8 fresh interpreters (about 40 s)
+
+FRAMEWORKS = list(KEYS)
 PROBE = Path(__file__).with_name("_backend_probe.py")
 
 
@@ -66,13 +71,11 @@ A100 = "0, NVIDIA A100-SXM4-80GB, 8.0, 81920, 580.65"
 def run_on_fake_gpu_host(tmp_path, fw, gpu_line, profile):
     """What ``d2l.try_all_gpus()`` of this (CPU) build does on a host whose nvidia-smi
     reports ``gpu_line``: its stdout, with "DEVICES ..." or "ERROR <type> <message>"."""
-    smi = tmp_path / "nvidia-smi"
-    smi.write_text(f'#!/bin/sh\necho "{gpu_line}"\n')
-    smi.chmod(0o755)
+    one_gpu_smi(tmp_path, gpu_line)
     code = (f"from d2lmini import {fw} as d2l\n"
             "try:\n    print('DEVICES', d2l.try_all_gpus())\n"
             "except Exception as e:\n    print('ERROR', type(e).__name__, e)\n")
-    env = dict(os.environ, PATH=f"{tmp_path}:{os.environ['PATH']}", D2LMINI_NUM_DEVICES="2",
+    env = dict(os.environ, PATH=path_with(tmp_path), D2LMINI_NUM_DEVICES="2",
                D2LMINI_PROFILE=profile)
     env.pop("CUDA_VISIBLE_DEVICES", None)
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

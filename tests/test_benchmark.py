@@ -4,29 +4,24 @@ for the work, and a time the devices cannot have achieved is refused, not record
 The numbers of the book's first GPU run (one H100) are the test cases: XLA counted 5.95e11 FLOP
 for a JAX ResNet-18 step (width 64, batch 256) that the old benchmark timed at 1.7 ms; the
 card's float32 matmul peaked at 51.6 TFLOP/s; PyTorch's same step took 39.0 ms."""
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from d2lmini import bench
+from helpers import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 H100_FP32_PEAK = 51.6e12
 XLA_FLOPS_W64 = 5.95e11
 
 
 def load_benchmark():
-    spec = importlib.util.spec_from_file_location("benchmark_tool", ROOT / "tools" / "benchmark.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module          # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    from tools import benchmark
+    return benchmark
 
 
 def worker_record(flops, times, peak, arrays_on=("gpu:0",), requested=("gpu:0",)):
@@ -161,20 +156,18 @@ def test_jax_label_comes_from_the_arrays():
     """A tiny JAX array put on a CPU device is labelled cpu even when the benchmark asked for
     a GPU; a state replicated on two CPU devices of a GPU host is cpu-stand-ins."""
     pytest.importorskip("jax")
-    code = f"""
-import importlib.util, json
+    code = """
+import json
 from d2lmini import jax as d2l          # first: two CPU devices
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
-spec = importlib.util.spec_from_file_location('b', {str(ROOT / 'tools' / 'benchmark.py')!r})
-import sys
-b = sys.modules['b'] = importlib.util.module_from_spec(spec); spec.loader.exec_module(b)
+from tools import benchmark as b
 a = b.JaxAdapter()
 cpu = jax.devices('cpu')
 x = jax.device_put(jnp.ones(3), cpu[0])
 one = b.placement(a, [[x]], ['gpu:0'], host_gpus=1)
 mesh = Mesh(np.array(cpu[:2]), ('data',))
-state = jax.device_put({{'w': jnp.ones(3), 'b': jnp.zeros(2)}}, NamedSharding(mesh, PartitionSpec()))
+state = jax.device_put({'w': jnp.ones(3), 'b': jnp.zeros(2)}, NamedSharding(mesh, PartitionSpec()))
 two = b.placement(a, a.device_replicas(state), ['cpu:0', 'cpu:1'], host_gpus=1)
 a.block(state)
 before = jax.config.jax_default_matmul_precision
@@ -185,7 +178,7 @@ print('RESULT ' + json.dumps([one, two, restored]))
 """
     env = dict(os.environ, D2LMINI_NUM_DEVICES="2", CUDA_VISIBLE_DEVICES="", JAX_PLATFORMS="cpu")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                       timeout=180)
+                       timeout=180, cwd=ROOT)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     one, two, restored = json.loads(next(l for l in r.stdout.splitlines()
                                          if l.startswith("RESULT "))[7:])

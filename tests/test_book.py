@@ -2,12 +2,13 @@
 contents becomes a page that shows its stored outputs."""
 import json
 import re
-from pathlib import Path
 
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+from d2lmini.frameworks import FRAMEWORKS as ALL_FRAMEWORKS
+from helpers import ROOT
+
 
 
 def toc_files():
@@ -60,7 +61,7 @@ def test_every_notebook_carries_its_executed_outputs():
         counts = [c.get("execution_count") for c in code]
         if counts != list(range(1, len(code) + 1)):
             problems.append(f"{f}: execution counts {counts[:5]}... are not 1..{len(code)} "
-                            f"(re-run: python tools/execute_notebooks.py {f}.ipynb)")
+                            f"(re-run: python -m tools.execute_notebooks {f}.ipynb)")
         elif not any(c.get("outputs") for c in code):
             problems.append(f"{f}: no stored outputs")
     assert not problems, "\n".join(problems)
@@ -90,7 +91,7 @@ def stored_run(cells) -> tuple[str | None, int | None]:
 
 #: Pages that run no lesson on devices: the results page prints records, a chapter's cost model
 #: predicts GPUs from published figures and stored records (no profile, no device count).
-RECORD_PAGES = {"chapters/comparison/results", "chapters/comm/model"}
+RECORD_PAGES = {"chapters/comparison/results", "chapters/comm/model", "chapters/sharded/model"}
 
 
 def test_every_notebook_stores_one_run_of_the_same_settings():
@@ -109,7 +110,7 @@ def test_every_notebook_stores_one_run_of_the_same_settings():
         if got != ("cpu", STORED_DEVICES):
             problems.append(f"{f}: stored with (profile, devices) = {got} (re-run: "
                             f"D2LMINI_PROFILE=cpu D2LMINI_NUM_DEVICES={STORED_DEVICES} "
-                            f"python tools/execute_notebooks.py {f}.ipynb)")
+                            f"python -m tools.execute_notebooks {f}.ipynb)")
     assert not problems, "\n".join(problems)
 
 def test_cell_ids_are_unique():
@@ -165,11 +166,8 @@ def test_rendered_book_hides_the_test_machinery(built_book):
 # -- the main path: visible prose within the budget, deep dives folded -------------------------
 
 def _prose_budget():
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("prose_budget", ROOT / "tools" / "prose_budget.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from tools import prose_budget
+    return prose_budget
 
 
 def test_every_page_keeps_its_visible_prose_within_the_budget():
@@ -252,9 +250,8 @@ def _pre_texts(page_html):
 
 def test_line_spans_keep_the_text_and_mark_the_indentation():
     import html as html_lib
-    import sys
-    sys.path.insert(0, str(ROOT / "_ext"))
-    from bookfixes import line_spans
+    from helpers import load_ext
+    line_spans = load_ext("bookfixes").line_spans
     inner = ('<span></span><span class="k">def</span> <span class="nf">f</span>():\n'
              '    <span class="s2">"""two</span>\n<span class="s2">  lines"""</span>\n\n'
              '        <span class="k">return</span> <span class="mi">1</span>\n')
@@ -415,7 +412,7 @@ RUN_LINES = {
     "scratch": re.compile(r"^test acc (?P<acc>[\d.]+), (?P<s>[\d.]+) s/epoch on (?P<devices>\d+) "
                           r"device\(s\).*, batch (?P<batch>\d+), lr", re.M),
 }
-NOTEBOOK_OF = {"torch": "pytorch", "jax": "jax", "paddle": "paddle", "mxnet": "mxnet"}
+NOTEBOOK_OF = {f.key: f.notebook for f in ALL_FRAMEWORKS}
 
 
 @pytest.mark.parametrize("chapter", sorted(RUN_LINES))

@@ -13,6 +13,8 @@ import pytest
 
 from test_book import toc_files
 
+pytestmark = pytest.mark.browser   # the built book in headless Chromium
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync"]

@@ -5,15 +5,14 @@ with batch statistics).  Each framework runs in its own process (tests/_canonica
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import d2lmini
 
-ROOT = Path(__file__).resolve().parents[1]
-FRAMEWORKS = ["torch", "mxnet", "jax", "paddle"]
+from d2lmini.frameworks import KEYS as FRAMEWORKS
+from helpers import ROOT
 
 
 @pytest.fixture(scope="module")

@@ -19,13 +19,12 @@ says in a cell tag what kind of claim it prints, and this test holds it to that:
 """
 import json
 import re
-from pathlib import Path
 
 import pytest
 
 from test_book import _bound_and_loaded     # the names a cell binds and reads
+from helpers import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 KINDS = ("claim:exact", "claim:bound", "claim:discrete")
 BOOL = re.compile(r"\b(True|False)\b")
 EXACT = re.compile(r"exact_numerics\(|float64|\.double\(|enable_x64|jax_enable_x64|"

@@ -5,13 +5,12 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from d2lmini.hardware import AVX2_CAPS, cpu_bf16_gap, cpu_isa
+from helpers import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "chapters" / "concise" / "recipe"
 ZEN4 = {"avx2", "fma", "sse4_1", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16"}
 SKYLAKE_X = ZEN4 - {"avx512_bf16"}

@@ -27,6 +27,8 @@ import d2lmini  # noqa: E402
 from d2lmini import launch  # noqa: E402
 from d2lmini import torch as d2l  # noqa: E402
 
+pytestmark = pytest.mark.launches   # launches DDP ranks
+
 SCRIPT = Path(__file__).resolve().parents[1] / "chapters" / "concise" / "ddp_checks.py"
 WIDTH, BATCH, STEPS, RANKS = 16, 8, 4, 2
 MiB = 2 ** 20

@@ -6,8 +6,6 @@ exit code and that rank's traceback in the error; a busy rendezvous port fails f
 port from ``free_port()`` works; a normal run gives identical replicas on every rank.
 Runs are tiny (128 training images, width 4), 2 ranks, gloo on the CPU.
 """
-import errno
-import socket
 import time
 from pathlib import Path
 
@@ -17,6 +15,9 @@ pytest.importorskip("paddle")
 
 from d2lmini import launch  # noqa: E402
 from d2lmini import paddle as d2l  # noqa: E402
+from helpers import busy_port  # noqa: E402
+
+pytestmark = pytest.mark.launches   # launches Paddle ranks and kills them
 
 SCRIPT_DIR = Path(__file__).resolve().parents[1] / "chapters" / "concise"
 TIMEOUT = 120            # the outer limit; every test must finish well before it
@@ -70,15 +71,8 @@ def test_raising_rank_fails_fast_with_its_traceback(kind, tmp_path):
 def busy_default_port():
     """Occupy the port the launcher uses by default with --ips (6070), unless someone else
     already does; either way it is busy while the test runs."""
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        s.bind(("127.0.0.1", PADDLE_DEFAULT_START_PORT))
-        s.listen(8)
-    except OSError as e:
-        if e.errno != errno.EADDRINUSE:
-            raise
-    yield PADDLE_DEFAULT_START_PORT
-    s.close()
+    with busy_port(PADDLE_DEFAULT_START_PORT) as port:
+        yield port
 
 
 def test_busy_rendezvous_port_fails_fast(busy_default_port, tmp_path):

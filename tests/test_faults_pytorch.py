@@ -15,7 +15,6 @@ notebook (``torchrun`` = ``python -m torch.distributed.run``, and the script's o
 """
 from __future__ import annotations
 
-import errno
 import socket
 import time
 from pathlib import Path
@@ -23,6 +22,9 @@ from pathlib import Path
 import pytest
 
 from d2lmini import launch
+from helpers import busy_port
+
+pytestmark = pytest.mark.launches   # launches torchrun ranks and kills them
 
 SCRIPT = Path(__file__).resolve().parents[1] / "chapters" / "concise" / "ddp_checks.py"
 TINY = ["--profile", "smoke", "--train-samples", "128", "--test-samples", "64", "--width", "4",
@@ -60,33 +62,14 @@ def run(cmd, env=None, timeout=LAUNCH_TIMEOUT):
 def busy_default_port():
     """Occupy torchrun's default port (IPv4 and IPv6) for the module, as another job would.
     If something else holds it already, it is busy all the same."""
-    sock = None
-    try:
-        sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
-        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-        sock.bind(("::", DEFAULT_PORT))
-    except OSError as e:
-        if sock is not None:
-            sock.close()
-        sock = None
-        if e.errno != errno.EADDRINUSE:      # no IPv6 here: occupy IPv4 only
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            try:
-                sock.bind(("0.0.0.0", DEFAULT_PORT))
-            except OSError:
-                sock.close()
-                sock = None
-    if sock is not None:
-        sock.listen()
-    probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        with pytest.raises(OSError):
-            probe.bind(("0.0.0.0", DEFAULT_PORT))
-    finally:
-        probe.close()
-    yield DEFAULT_PORT
-    if sock is not None:
-        sock.close()
+    with busy_port(DEFAULT_PORT, dual_stack=True):
+        probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            with pytest.raises(OSError):
+                probe.bind(("0.0.0.0", DEFAULT_PORT))
+        finally:
+            probe.close()
+        yield DEFAULT_PORT
 
 
 @pytest.fixture(scope="module")

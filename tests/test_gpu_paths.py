@@ -17,14 +17,16 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
 from d2lmini import config
+from d2lmini.frameworks import FRAMEWORKS as ALL
+from helpers import ROOT, fake_nvidia_smi, path_with
 
-ROOT = Path(__file__).resolve().parents[1]
-FRAMEWORKS = {"mxnet": "mxnet", "pytorch": "torch", "jax": "jax", "paddle": "paddle"}
+pytestmark = pytest.mark.gpu   # the GPU code paths on a faked GPU host
+
+FRAMEWORKS = {f.notebook: f.key for f in ALL}              # notebook -> backend
 
 
 def count_cell(notebook: str) -> str:
@@ -111,16 +113,11 @@ def test_jax_synchronize_waits_on_every_platform_in_use(monkeypatch):
 
 def fake_gpu_host(tmp_path, name="NVIDIA H200"):
     """PATH with an ``nvidia-smi`` that reports one GPU, for this process's children."""
-    bin_dir = tmp_path / "fake-bin"
-    bin_dir.mkdir()
-    smi = bin_dir / "nvidia-smi"
-    smi.write_text("#!/bin/sh\n"
-                   'case "$*" in\n'
-                   f'  *--query-gpu*) echo "0, {name}, 9.0, 143771, 580.159.04";;\n'
-                   f'  *) echo "GPU 0: {name} (UUID: GPU-0)";;\n'
-                   "esac\n")
-    smi.chmod(0o755)
-    return f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
+    return path_with(fake_nvidia_smi(tmp_path / "fake-bin",
+                                     'case "$*" in\n'
+                                     f'  *--query-gpu*) echo "0, {name}, 9.0, 143771, 580.159.04";;\n'
+                                     f'  *) echo "GPU 0: {name} (UUID: GPU-0)";;\n'
+                                     "esac"))
 
 
 def notebook_cell(path: str, marker: str) -> str:

@@ -1,4 +1,4 @@
-"""tools/gpu_run.py, the offline GPU run, tested on the CPU (--allow-cpu): one small notebook,
+"""tools.gpu_run, the offline GPU run, tested on the CPU (--allow-cpu): one small notebook,
 no benchmark.  CUDA_VISIBLE_DEVICES is emptied so that these tests mean the same on a GPU host."""
 import json
 import os
@@ -7,15 +7,16 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
-TOOL = ROOT / "tools" / "gpu_run.py"
+pytestmark = [pytest.mark.gpu, pytest.mark.slow]   # the GPU run pipeline, on the CPU; notebooks through tools.gpu_run
+
 DEVICES_NB = ROOT / "chapters" / "devices" / "pytorch.ipynb"
 
 
 def gpu_run(*args, timeout=300):
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1")
-    return subprocess.run([sys.executable, str(TOOL), *map(str, args)], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "tools.gpu_run", *map(str, args)], capture_output=True,
                           text=True, env=env, cwd=ROOT, timeout=timeout)
 
 

@@ -12,8 +12,10 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from helpers import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.harness   # pytest sessions and kernels of its own
+
 
 
 def load(name: str, path: Path):
@@ -170,7 +172,7 @@ def test_a_jax_notebooks_counts_run_one_after_the_other_on_one_worker():
 
 
 def test_durations_come_from_junit_and_name_the_units(tmp_path):
-    td = load("test_durations_tool", ROOT / "tools" / "test_durations.py")
+    from tools import test_durations as td
     junit = tmp_path / "junit.xml"
     junit.write_text(textwrap.dedent("""\
         <testsuites><testsuite>
@@ -237,10 +239,21 @@ def test_cpu_seconds_count_each_units_kernel_and_its_children(tmp_path):
 
 
 def test_make_check_runs_the_harness_tests_only_when_the_harness_changed():
-    check = load("check_tool", ROOT / "tools" / "check.py")
-    names = lambda files: {p.name for p in check.unit_tests(files)}
-    quiet = names(set())                              # nothing of the harness changed
-    assert "test_core.py" in quiet and "test_harness.py" not in quiet
-    assert not quiet & set(check.SLOW)
-    assert "test_harness.py" in names({"conftest.py"})
-    assert "test_harness.py" in names({"tools/check.py", "chapters/comm/jax.ipynb"})
+    """make check selects tests by their markers: what only make test runs (the built book,
+    launched ranks, browsers) stays out, the harness's own tests come in when it changed."""
+    from tools import check
+    quiet, changed = check.marker_expression(set()), check.marker_expression({"conftest.py"})
+    assert check.marker_expression({"chapters/comm/jax.ipynb", "tools/check.py"}) == changed
+
+    def collected(expr):
+        r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p",
+                            "no:randomly", "-m", expr, "tests"], cwd=ROOT, capture_output=True,
+                           text=True, timeout=300)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        return {l.split("::")[0] for l in r.stdout.splitlines() if "::" in l}
+    files = collected(quiet)
+    assert "tests/test_core.py" in files and "tests/test_harness.py" not in files
+    assert not files & {"tests/test_browser.py", "tests/test_lab.py", "tests/test_multinode.py",
+                        "tests/test_faults_pytorch.py", "tests/test_ddp_knobs.py"}
+    assert "tests/test_book.py" in files               # its tests that need no built book
+    assert "tests/test_harness.py" in collected(changed)

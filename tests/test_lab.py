@@ -8,26 +8,20 @@ import secrets
 import shutil
 import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-import lab  # noqa: E402
-from test_browser import CHROMIUM, FLAGS  # noqa: E402  (skips the module without Chromium)
+from helpers import free_port
+from test_browser import CHROMIUM, FLAGS  # (skips the module without Chromium)
+from tools import lab
+
+pytestmark = pytest.mark.browser   # JupyterLab in headless Chromium
 
 NOTEBOOK = "chapters/devices/pytorch.ipynb"
 EXPECTED = "one entry per device: True"     # printed by the notebook's third code cell
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def get(url, timeout=10):

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 PATHS = ["d2lmini", "tools", "tests", "conftest.py", "chapters", "_ext"]
 
 

@@ -10,6 +10,8 @@ import pytest
 
 from d2lmini import launch
 
+pytestmark = pytest.mark.launches   # launches simulated nodes of ranks
+
 HERE = Path(__file__).resolve().parents[1] / "chapters" / "comparison"
 PY = sys.executable
 # The "nodes" share one machine: on a GPU host every one of them would claim GPU 0 (NCCL

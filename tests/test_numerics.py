@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers import ROOT
 
 # Per framework: its imports, flags() (the settings exact_numerics() changes) and INSIDE,
 # code run inside the block as well.
@@ -108,7 +109,7 @@ def test_exact_block_works_with_either_tf32_api_of_the_readers_program(api):
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", D2LMINI_NUM_DEVICES="1")
     env.pop("D2LMINI_EXACT", None)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                       timeout=300)
+                       timeout=300, cwd=ROOT)
     assert r.returncode == 0, r.stdout + r.stderr
     before, inside, after = json.loads(r.stdout.split("PROBE-JSON ")[-1])
     assert inside == ["ieee", "ieee"] and after == before and before in (["tf32"] * 2, [True] * 2)
@@ -120,16 +121,13 @@ def test_exact_block_works_with_either_tf32_api_of_the_readers_program(api):
 # own setting.  best_rate is wrapped to see the flag while a tool's product is timed (not
 # NumPy's, which the CPU's ceiling also times).
 TOOLS = """
-import importlib.util, json, sys, torch
+import importlib, json, sys, torch
 from d2lmini import bench
 def load(name):
-    spec = importlib.util.spec_from_file_location(name, f"{tools}/{name}.py")
-    mod = sys.modules[name] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return importlib.import_module(f"tools.{name}")
 seen, timed = [], bench.best_rate
 def best_rate(*a, **kw):
-    if sys._getframe(1).f_globals["__name__"] in ("step_bench", "benchmark"):
+    if sys._getframe(1).f_globals["__name__"] in ("tools.step_bench", "tools.benchmark"):
         seen.append(torch.backends.cuda.matmul.fp32_precision)
     return timed(*a, **kw)
 bench.best_rate = best_rate
@@ -145,8 +143,7 @@ print("PROBE-JSON " + json.dumps([before, seen, after_step_bench, mine()]))
 
 @pytest.mark.parametrize("api", sorted(READER))
 def test_benchmarks_switch_tf32_for_their_peak_and_restore_it(api):
-    tools = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools")
-    code = "import torch\n" + READER[api] + TOOLS.replace("{tools}", tools)
+    code = "import torch\n" + READER[api] + TOOLS
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", D2LMINI_NUM_DEVICES="1")
     env.pop("D2LMINI_EXACT", None)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,

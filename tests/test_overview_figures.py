@@ -1,16 +1,12 @@
 """The figures the chapter overviews open with (Markdown pages run no code) are what d2lmini
 and the stored records draw today (tools/overview_figures.py), and the takeaway written under
 the communication chapter's is what its numbers say."""
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("overview_figures", ROOT / "tools" / "overview_figures.py")
-figures = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(figures)
+from helpers import ROOT
+from tools import overview_figures as figures
 
 
 @pytest.mark.parametrize("path", sorted(figures.FIGURES), ids=lambda p: p.name)

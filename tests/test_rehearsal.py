@@ -5,19 +5,16 @@ setting or threshold changed after its rehearsal fails here until it is rehearse
 every rehearsed run must clear its threshold by the stated margin.
 """
 import dataclasses
-import importlib.util
 import json
-from pathlib import Path
 
 import nbformat
 import pytest
 
 import d2lmini
 
-ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("rehearse", ROOT / "tools" / "rehearse.py")
-rehearse = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(rehearse)
+from tools import manifest, rehearse
+
+ROOT = manifest.ROOT
 
 RECORDS = sorted((ROOT / "benchmarks" / "rehearsal").glob("*.json"))
 
@@ -31,8 +28,7 @@ def test_a_rehearsal_matches_the_profile_and_clears_its_thresholds(path):
     rec = json.loads(path.read_text())
     nb = ROOT / rec["notebook"]
     assert nb.exists() and rehearse.out_path(nb) == path
-    chapter = nb.parent.name
-    section = rehearse.HARVEST[chapter]["section"]
+    section = rehearse.harvest_of(nb)["section"]
     profile = d2lmini.PROFILES[rec["profile"]]
     now = dataclasses.asdict(getattr(profile, section))
     settings = {k: v for k, v in now.items() if k not in rehearse.THRESHOLDS}
@@ -51,16 +47,16 @@ def test_a_rehearsal_matches_the_profile_and_clears_its_thresholds(path):
 
 
 def test_every_chapter_the_gpu_profile_trains_is_rehearsed_or_says_why_not():
-    """A chapter whose training the gpu profile sizes is rehearsed, or NOT_REHEARSED says why
-    its thresholds are safe without it."""
+    """A page whose training the gpu profile sizes (the manifest's ``Chapter.trains``) is
+    rehearsed, or its chapter's ``not_rehearsed`` says why its thresholds are safe without."""
     gpu, cpu = d2lmini.PROFILES["gpu"], d2lmini.PROFILES["cpu"]
-    trained = {"scratch": "scratch", "concise": "concise", "sharded": "sharded",
-               "comparison/batch-size": "scaling"}
-    rehearsed = {json.loads(p.read_text())["notebook"].split("/")[1] for p in RECORDS}
-    for chapter, section in trained.items():
-        assert getattr(gpu, section) != getattr(cpu, section)
-        assert chapter in rehearsed or chapter in rehearse.NOT_REHEARSED, chapter
-        assert chapter in rehearse.HARVEST or chapter in rehearse.NOT_REHEARSED, chapter
+    rehearsed = {ROOT / json.loads(p.read_text())["notebook"] for p in RECORDS}
+    trained = [(c, key, section) for c in manifest.CHAPTERS for key, section in c.trains.items()]
+    assert len(trained) >= 4
+    for c, key, section in trained:
+        assert getattr(gpu, section) != getattr(cpu, section), (c.name, key)
+        assert key in c.rehearsal or key in c.not_rehearsed, (c.name, key)
+        assert rehearsed & set(c.page(key)) or key in c.not_rehearsed, (c.name, key)
 
 
 def test_the_runs_are_read_even_when_a_check_fails(tmp_path):

@@ -3,15 +3,15 @@ side-by-side view is tagged in all four notebooks of its chapter, and the four n
 chapter tag the same steps."""
 import json
 import re
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "_ext"))
-from frameworktabs import (FRAMEWORKS, definitions_only, script_functions, step_cells,  # noqa: E402
-                           step_code, step_tags)
+from helpers import ROOT, load_ext
+
+_tabs = load_ext("frameworktabs")
+FRAMEWORKS, definitions_only, script_functions = (_tabs.FRAMEWORKS, _tabs.definitions_only,
+                                                  _tabs.script_functions)
+step_cells, step_code, step_tags = _tabs.step_cells, _tabs.step_code, _tabs.step_tags
 
 DIRECTIVE = re.compile(r"```\{(framework-tabs|side-by-side)\}[ \t]+(\S+)[ \t]+([^\n]+)")
 

@@ -6,16 +6,14 @@ asynchronously and whose input pipeline sleeps shows what each span holds: the s
 excludes the loading and waits for the device; the epoch time includes the loading.
 """
 import concurrent.futures
-import importlib.util
 import json
 import time
-from pathlib import Path
 
 import pytest
 
 from d2lmini import steptime
+from helpers import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 WORK, LOAD = 0.02, 0.03          # seconds: one step on the fake device; loading one batch
 
 
@@ -97,10 +95,8 @@ def test_amdahl_the_fixed_part_bounds_the_speed_up():
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("step_bench", ROOT / "tools" / "step_bench.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from tools import step_bench
+    return step_bench
 
 
 class FakeAdapter:

@@ -5,17 +5,17 @@ step and, after the last epoch, the test accuracy by the book's BatchNorm rule. 
 the recipe's own ``train_step`` (chapters/concise/recipe/<framework>_one.py), so the runs
 compared are the chapter's code, not a copy of it.
 
-    python tools/_rounding_worker.py FRAMEWORK THREADS STEPS|all
+    cd chapters/concise/recipe && python -m tools._rounding_worker FRAMEWORK THREADS STEPS|all
+
+(run from the recipes' folder, which ``python -m`` puts first on the path, with the repository
+on ``PYTHONPATH``: tools/rounding.py does).
 """
 import json
 import sys
-from pathlib import Path
 
 import numpy as np
 
 import d2lmini
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "chapters" / "concise" / "recipe"))
 
 fw, threads, steps = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 hp = d2lmini.get_profile("cpu").concise

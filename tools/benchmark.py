@@ -1,7 +1,7 @@
 """Time data-parallel training steps per framework, implementation and device count.
 
-    .venv/bin/python tools/benchmark.py                       # everything; writes benchmarks/results.json
-    .venv/bin/python tools/benchmark.py --frameworks jax --devices 1,2 --repeats 3
+    .venv/bin/python -m tools.benchmark                       # everything; writes benchmarks/results.json
+    .venv/bin/python -m tools.benchmark --frameworks jax --devices 1,2 --repeats 3
 
 What is timed is the code the book shows: a worker process executes a chapter notebook's own
 code cells, except its long training runs (under the smoke profile, so that part is quick),
@@ -81,6 +81,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from d2lmini.frameworks import FRAMEWORKS
+
 ROOT = Path(__file__).resolve().parents[1]
 # What a record's timed step holds (d2lmini.steptime): the concise implementations' step on a
 # batch already on the devices; the from-scratch train_step (and MXNet's concise one), which
@@ -91,7 +93,7 @@ SPLIT_SPAN = "step with its split of the host batch onto the devices"
 EPOCH_SPAN = "epoch with input pipeline"
 BENCH_SCRIPT = Path(__file__).resolve()
 CONCISE_DIR = ROOT / "chapters" / "concise"
-NOTEBOOK = {"mxnet": "mxnet", "torch": "pytorch", "jax": "jax", "paddle": "paddle"}
+NOTEBOOK = {f.key: f.notebook for f in FRAMEWORKS}      # d2lmini.frameworks
 SCRATCH_SKIP = ("## Training",)   # the notebook's own long runs
 CONCISE_SKIP = ("## The Recipe",)  # the recipe's own training run: not what is timed
 PROOF = "## The Proof: k Devices Equal One Device"
@@ -104,12 +106,13 @@ ANALYTIC = ("analytic (d2lmini.bench.{}: convolutions and dense layers, forward 
 def exec_notebook(path: Path, skip: tuple[str, ...] = (), stop: str | None = None) -> dict:
     """Execute a notebook's code cells in order, from the notebook's own directory, skipping
     the sections whose ``## `` heading is in ``skip`` (e.g. the long training runs) and
-    everything from the heading ``stop`` on; return the namespace.  Output is swallowed."""
+    everything from the heading ``stop`` on; return the namespace.  Output is swallowed.
+    The process runs in the notebook's folder (:func:`run_worker`: ``python -m`` puts it first
+    on the path, as a kernel does), so the notebook's own modules import."""
     nb = json.loads(path.read_text())
     ns: dict = {"__name__": "__notebook__"}
     sink, skipping = io.StringIO(), False
     os.chdir(path.parent)
-    sys.path.insert(0, str(path.parent))
     for cell in nb["cells"]:
         src = "".join(cell["source"])
         if cell["cell_type"] == "markdown":
@@ -781,7 +784,7 @@ def host_gpu_count() -> int:
 
 
 def run_worker(fw, impl, k, args) -> dict:
-    cmd = [sys.executable, __file__, "--worker", "--framework", fw, "--impl", impl,
+    cmd = [sys.executable, "-m", "tools.benchmark", "--worker", "--framework", fw, "--impl", impl,
            "--devices", str(k), "--batch", str(args.batch), "--steps", str(args.steps),
            "--warmup", str(args.warmup), "--repeats", str(args.repeats),
            "--concise-steps", str(args.concise_steps), "--width", str(args.width),
@@ -792,8 +795,11 @@ def run_worker(fw, impl, k, args) -> dict:
     # devices than GPUs give the backends' stand-ins.
     gpus = host_gpu_count()
     n = max(k, gpus) if gpus else max(k, 2)
-    env = dict(os.environ, D2LMINI_NUM_DEVICES=str(n), PYTHONUNBUFFERED="1")
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
+    env = dict(os.environ, D2LMINI_NUM_DEVICES=str(n), PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    folder = ROOT / "chapters" / ("scratch" if impl in ("seed", "ring") else "concise")
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout,
+                       cwd=folder)
     lines = [l for l in r.stdout.splitlines() if l.startswith("BENCH-JSON ")]
     if r.returncode != 0 or not lines:
         raise RuntimeError(f"{fw}/{impl}/{k} failed:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}")
@@ -853,7 +859,6 @@ def comm_sweep(fw: str, counts: list[int], sizes: list[int], warmup: int,
 def comm_main(args) -> int:
     """``--comm``: every framework's all-reduce over sizes and device counts, fitted with the
     alpha-beta model; one worker process per framework (JAX fixes its device count at start)."""
-    sys.path.insert(0, str(ROOT))
     from d2lmini import commcost as cc
     from d2lmini.results import hardware_info, versions
     counts = sorted({int(c) for c in args.devices.split(",") if int(c) > 1})
@@ -864,7 +869,7 @@ def comm_main(args) -> int:
         return 0
     records, failures = [], []
     for fw in args.frameworks.split(","):
-        cmd = [sys.executable, __file__, "--comm", "--worker", "--framework", fw,
+        cmd = [sys.executable, "-m", "tools.benchmark", "--comm", "--worker", "--framework", fw,
                "--devices", args.devices, "--warmup", str(args.warmup), "--repeats",
                str(args.repeats), "--comm-largest", str(args.comm_largest)]
         env = dict(os.environ, D2LMINI_NUM_DEVICES=str(max(counts)), PYTHONPATH=str(ROOT))
@@ -932,7 +937,6 @@ def main(argv=None):
         print("BENCH-JSON " + json.dumps(worker(args)), flush=True)
         return 0
 
-    sys.path.insert(0, str(ROOT))
     from d2lmini.results import hardware_info, versions
     settings = {k: getattr(args, k) for k in ("batch", "steps", "warmup", "repeats",
                                               "concise_steps", "width")}

@@ -1,13 +1,13 @@
 """``make check``: the quick loop before a commit (about 3 minutes with one notebook changed).
 
-    python tools/check.py                      # fast unit tests + the notebooks that changed
-    python tools/check.py chapters/scratch/jax.ipynb ...   # fast unit tests + these notebooks
-    python tools/check.py --list               # say what would run, run nothing
+    python -m tools.check                      # fast unit tests + the notebooks that changed
+    python -m tools.check chapters/scratch/jax.ipynb ...   # fast unit tests + these notebooks
+    python -m tools.check --list               # say what would run, run nothing
 
-* Unit tests: every ``tests/test_*.py`` except the slow ones in :data:`SLOW` (the book build,
-  the browsers, launched multi-process and fault runs, the GPU-run pipeline), which only
-  ``make test`` runs, and those of :data:`WHEN_CHANGED` (the harness's own tests) unless
-  their files changed.
+* Unit tests: every test under ``tests/`` but those marked ``slow``, ``launches`` or
+  ``browser`` (the book build, launched ranks and schedulers, headless Chromium; markers in
+  ``pyproject.toml``), which only ``make test`` runs, and those marked ``harness`` (the test
+  machinery's own) unless a file of the machinery (:data:`HARNESS`) changed.
 * Notebooks: those changed since main's last commit (``git diff`` against the merge base
   with ``main``, plus uncommitted and untracked files), and every notebook of a chapter whose
   other files (scripts, recipes, results) changed -- checked by nbval under the smoke profile
@@ -24,24 +24,12 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SLOW = {                       # what only `make test` runs, and why it is slow
-    "test_book.py": "builds the whole book",
-    "test_browser.py": "the built book in headless Chromium",
-    "test_lab.py": "JupyterLab in headless Chromium",
-    "test_faults_pytorch.py": "launches ranks and kills them",
-    "test_faults_paddle.py": "launches ranks and kills them",
-    "test_multinode.py": "launches simulated nodes",
-    "test_gpu_run.py": "runs notebooks through tools/gpu_run.py",
-    "test_recipes.py": "trains the eight recipe scripts",
-}
-
-
-# Unit tests of the test machinery itself: run when it changed (they start pytest sessions and
-# kernels of their own: 107 s of CPU, a third of the unit tests'), always by `make test`.
-WHEN_CHANGED = {
-    "test_harness.py": ("conftest.py", "tools/test_durations.py", "tools/check.py",
-                        "tests/test_harness.py", "Makefile"),
-}
+#: What only `make test` runs (pytest markers, pyproject.toml).
+LEFT_TO_MAKE_TEST = ("slow", "launches", "browser")
+#: The test machinery: when one of these changed, the tests marked ``harness`` run too (they
+#: start pytest sessions and kernels of their own: about a third of the unit tests' CPU).
+HARNESS = ("conftest.py", "tests/conftest.py", "tests/helpers.py", "tools/test_durations.py",
+           "tools/check.py", "tests/test_harness.py", "Makefile", "pyproject.toml")
 
 
 def git(*args: str) -> list[str]:
@@ -74,11 +62,12 @@ def changed_notebooks(files: set[str]) -> list[Path]:
     return sorted(q for q in out if ".ipynb_checkpoints" not in q.parts)
 
 
-def unit_tests(files: set[str] | None = None) -> list[Path]:
-    """The unit tests; those of :data:`WHEN_CHANGED` only when one of their files changed."""
+def marker_expression(files: set[str] | None = None) -> str:
+    """The pytest ``-m`` expression of the unit tests to run: not what :data:`LEFT_TO_MAKE_TEST`
+    marks, and not ``harness`` unless one of :data:`HARNESS` changed."""
     files = changed_files() if files is None else files
-    return sorted(p for p in (ROOT / "tests").glob("test_*.py") if p.name not in SLOW
-                  and (p.name not in WHEN_CHANGED or files & set(WHEN_CHANGED[p.name])))
+    left = list(LEFT_TO_MAKE_TEST) + ([] if files & set(HARNESS) else ["harness"])
+    return "not (" + " or ".join(left) + ")"
 
 
 def main(argv=None) -> int:
@@ -95,11 +84,8 @@ def main(argv=None) -> int:
     if missing:
         print("check: no such notebook: " + ", ".join(missing), file=sys.stderr)
         return 2
-    tests = unit_tests(files)
-    targets = tests + notebooks
-    skipped = sorted(SLOW) + [t for t in WHEN_CHANGED if ROOT / "tests" / t not in tests]
-    print(f"check: {len(tests)} unit test files (not: "
-          f"{', '.join(sorted(skipped))}), {len(notebooks)} notebook(s)"
+    marks = marker_expression(files)
+    print(f"check: the unit tests under tests/ ({marks}), {len(notebooks)} notebook(s)"
           + (": " + ", ".join(str(n.relative_to(ROOT)) for n in notebooks) if notebooks else ""),
           flush=True)
     if args.list:
@@ -108,8 +94,8 @@ def main(argv=None) -> int:
     # one pytest run over worker processes, as `make test` (the tests wait on subprocesses and
     # kernels much of the time); a notebook or a test file is one unit of work (conftest.py)
     return subprocess.call([sys.executable, "-m", "pytest", "-q", "-n", str(args.workers),
-                            "--dist", "loadfile",
-                            *[str(t.relative_to(ROOT)) for t in targets]], cwd=ROOT, env=env)
+                            "--dist", "loadfile", "-m", marks, "tests",
+                            *[str(n.relative_to(ROOT)) for n in notebooks]], cwd=ROOT, env=env)
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -1,7 +1,7 @@
 """Execute notebooks in place (refreshing their stored outputs) and report the time each took.
 
-    python tools/execute_notebooks.py chapters/scratch            # every notebook below
-    python tools/execute_notebooks.py chapters/devices/jax.ipynb  # one notebook
+    python -m tools.execute_notebooks chapters/scratch            # every notebook below
+    python -m tools.execute_notebooks chapters/devices/jax.ipynb  # one notebook
 
 The profile is whatever D2LMINI_PROFILE says (default: cpu without GPUs, gpu with them).
 The book stores every notebook's outputs from the cpu profile with 8 simulated devices
@@ -32,7 +32,6 @@ def execute(path: Path, timeout: int = 1800) -> float:
 def main(args):
     if "D2LMINI_NUM_DEVICES" not in os.environ and shutil.which("nvidia-smi") is None \
             and os.environ.get("D2LMINI_PROFILE", "cpu") == "cpu":
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
         from d2lmini.config import STORED_DEVICES
         os.environ["D2LMINI_NUM_DEVICES"] = str(STORED_DEVICES)
         print(f"D2LMINI_NUM_DEVICES={STORED_DEVICES}: the device count of the stored outputs",

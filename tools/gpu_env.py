@@ -1,7 +1,7 @@
 """GPU environments: check that they resolve, and keep the CPU venv free of GPU builds.
 
-    python tools/gpu_env.py check [--json FILE] [FRAMEWORK ...]   # make gpu-check
-    python tools/gpu_env.py cpu-venv-ok VENV                        # guard of make venv
+    python -m tools.gpu_env check [--json FILE] [FRAMEWORK ...]   # make gpu-check
+    python -m tools.gpu_env cpu-venv-ok VENV                        # guard of make venv
 
 ``check`` runs, for each framework, exactly the pip steps of ``make gpu-venv FW=...`` (taken
 from ``d2lmini/hardware.py``, ``GPU_BUILDS``) as ``pip install --dry-run --ignore-installed

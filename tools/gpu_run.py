@@ -1,10 +1,10 @@
 """Run the book's notebooks and the benchmark on a GPU server that has no network; write a report.
 
-    python tools/gpu_run.py                       # every framework importable here, smoke profile
+    python -m tools.gpu_run                       # every framework importable here, smoke profile
     make gpu-run PY=python3                       # the same with another interpreter
-    python tools/gpu_run.py --frameworks torch,jax --chapters devices,scratch --profile gpu
-    python tools/gpu_run.py --out-dir /tmp/out --skip-benchmark
-    python tools/gpu_run.py --allow-cpu --frameworks torch --chapters devices --skip-benchmark
+    python -m tools.gpu_run --frameworks torch,jax --chapters devices,scratch --profile gpu
+    python -m tools.gpu_run --out-dir /tmp/out --skip-benchmark
+    python -m tools.gpu_run --allow-cpu --frameworks torch --chapters devices --skip-benchmark
 
 Made for a machine whose interpreter already holds the frameworks' GPU builds (in whatever
 versions: the pins of requirements*.txt are not checked) and nothing can be installed from the
@@ -68,7 +68,8 @@ import xml.etree.ElementTree as ET
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from gpu_env import hw   # d2lmini/hardware.py, loaded once as a file: standard library only
+from tools import manifest
+from tools.gpu_env import hw   # d2lmini/hardware.py, loaded once as a file: standard library only
 
 ROOT = Path(__file__).resolve().parents[1]
 # Where the notebooks and the benchmark run from: a private copy of the checkout (see
@@ -77,12 +78,11 @@ RUN_ROOT = ROOT
 # Not copied into the snapshot: environments, builds, carried wheels and data, caches.
 SNAPSHOT_IGNORE = (".git", ".venv", ".venv-*", "_build", ".gpu-carry", ".whl", "__pycache__",
                    ".ipynb_checkpoints", ".pytest_cache")
-FRAMEWORKS = ("mxnet", "torch", "jax", "paddle")          # the book's order
-NOTEBOOK = {"mxnet": "mxnet", "torch": "pytorch", "jax": "jax", "paddle": "paddle"}
-MODULES = {"mxnet": ("mxnet",), "torch": ("torch",), "jax": ("jax", "flax", "optax"),
-           "paddle": ("paddle",)}
-ALIASES = {"pytorch": "torch", "paddlepaddle": "paddle", "jaxlib": "jax", "flax": "jax"}
-CHAPTERS = ("devices", "scratch", "concise", "comm", "sharded")
+FRAMEWORKS = manifest.KEYS                                # the book's order
+NOTEBOOK = {f.key: f.notebook for f in manifest.FRAMEWORKS}
+MODULES = {f.key: f.needs for f in manifest.FRAMEWORKS}
+ALIASES = manifest.ALIASES
+CHAPTERS = manifest.gpu_run_chapters()                   # the chapters with framework notebooks
 PROFILES = ("smoke", "cpu", "gpu")
 NOTEBOOK_TIMEOUT = {"smoke": 900, "cpu": 2400, "gpu": 5400}   # seconds, per notebook
 PROBE_TIMEOUT = 240
@@ -362,7 +362,7 @@ def run_exec(nb: Path, timeout: float, env: dict) -> dict:
     """The notebook's code cells executed in a fresh interpreter (see :func:`exec_worker`)."""
     with tempfile.TemporaryDirectory(prefix="gpu-run-") as tmp:
         out = Path(tmp) / "result.json"
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--exec-notebook", str(nb),
+        cmd = [sys.executable, "-m", "tools.gpu_run", "--exec-notebook", str(nb),
                "--exec-result", str(out)]
         env = dict(env, MPLBACKEND="Agg")
         rc, log, seconds = run_with_timeout(cmd, timeout, env, nb.parent)
@@ -404,8 +404,6 @@ def exec_worker(nb: Path, result: Path) -> int:
         result.write_text(json.dumps(state, indent=1))
     save()
     os.chdir(nb.parent)
-    here = str(Path(__file__).resolve().parent)
-    sys.path[:] = [str(nb.parent)] + [p for p in sys.path if p != here]   # not tools/
     main = types.ModuleType("__main__")        # the kernel's user namespace is __main__
     sys.modules["__main__"] = main
     sys.argv = [str(nb)]
@@ -454,7 +452,7 @@ def bench_devices(upper: int) -> list[int]:
 
 def run_benchmark(frameworks: list[str], devices: list[int], out: Path, extra: list[str],
                   timeout: float, env: dict) -> dict:
-    cmd = [sys.executable, str(RUN_ROOT / "tools" / "benchmark.py"), "--frameworks",
+    cmd = [sys.executable, "-m", "tools.benchmark", "--frameworks",
            ",".join(frameworks), "--devices", ",".join(map(str, devices)), "--out", str(out)]
     cmd += extra                                   # argparse: the last occurrence wins
     if out.exists():
@@ -613,7 +611,8 @@ def main(argv=None) -> int:
     ap.add_argument("--frameworks", help="comma list of torch, jax, paddle, mxnet "
                     "(default: every one importable here)")
     ap.add_argument("--chapters", default=",".join(CHAPTERS),
-                    help="comma list of " + ", ".join(CHAPTERS) + " (default: all)")
+                    help="comma list of " + ", ".join(CHAPTERS) + " (default: all of them, the "
+                         "chapters with framework notebooks in tools/manifest.py)")
     ap.add_argument("--profile", default="smoke", choices=PROFILES,
                     help="D2LMINI_PROFILE for the notebooks (default: smoke)")
     ap.add_argument("--devices", type=int, metavar="K",
@@ -747,7 +746,7 @@ def _run(args, gpus, gpu_source, found, frameworks, chapters, notebooks, mode, t
     for w in warnings:
         print("gpu_run: WARNING: " + w, flush=True)
     upper = args.devices or len(gpus)
-    rep = {"tool": "tools/gpu_run.py", "argv": sys.argv[1:] if argv is None else list(argv),
+    rep = {"tool": "tools.gpu_run", "argv": sys.argv[1:] if argv is None else list(argv),
            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "gpu_used": bool(gpus) and any(seen.values()),
            "allow_cpu": args.allow_cpu, "frameworks": frameworks,

@@ -1,6 +1,6 @@
 """Run the book's notebooks interactively: JupyterLab on this machine (``make lab``).
 
-    .venv/bin/python tools/lab.py [--port 8888]
+    .venv/bin/python -m tools.lab [--port 8888]
 
 The server listens on 127.0.0.1 only and asks for a token (Jupyter generates one and prints
 the URL that carries it; ``JUPYTER_TOKEN`` sets your own). Notebooks open with the kernel

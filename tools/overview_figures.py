@@ -1,8 +1,8 @@
 """Draw the figures the chapter overviews (Markdown pages, which run no code) open with, from
 d2lmini and the stored records, as deterministic SVG files next to the page.
 
-    .venv/bin/python tools/overview_figures.py            # rewrites every figure
-    .venv/bin/python tools/overview_figures.py --check    # exit 1 if one is out of date
+    .venv/bin/python -m tools.overview_figures            # rewrites every figure
+    .venv/bin/python -m tools.overview_figures --check    # exit 1 if one is out of date
 
 tests/test_overview_figures.py draws them again and compares: a figure on a page is what the
 code and the records give today.

@@ -1,9 +1,9 @@
 """Visible prose per chapter page: the words a reader sees without opening a folded block.
 
-    .venv/bin/python tools/prose_budget.py          # a table, every page of the TOC
+    .venv/bin/python -m tools.prose_budget          # a table, every page of the TOC
 
-The Essentials path (``ESSENTIALS``: the introduction and four chapter overviews, which show
-every framework's code side by side) is held to ``ESSENTIALS_BUDGET`` words in all.
+The Essentials path (``ESSENTIALS``: the introduction and the overviews of the chapters the
+manifest marks ``essentials``, which show every framework's code side by side) is held to ``ESSENTIALS_BUDGET`` words in all.
 
 Counted: the markdown cells of a notebook (or a page's Markdown), outside fenced code and
 math blocks, HTML comments, and folded blocks -- a ``dropdown`` directive, or any directive
@@ -17,12 +17,13 @@ import re
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tools import manifest
+
+ROOT = manifest.ROOT
 BUDGET = 2500
 ESSENTIALS_BUDGET = 8000
 # The Essentials path, in reading order (intro.md's "Two ways through the book" lists it).
-ESSENTIALS = ("intro.md", "chapters/scratch/index.md", "chapters/concise/index.md",
-              "chapters/comm/index.md", "chapters/sharded/index.md")
+ESSENTIALS = manifest.essentials()
 WORD = re.compile(r"[A-Za-z0-9$`\\][\w'’.$`\\{}^-]*")
 FENCE = re.compile(r"^(\s*)(`{3,}|:{3,})(.*)$")
 
@@ -83,9 +84,8 @@ def visible_words(path: Path) -> int:
 
 
 def pages() -> list[Path]:
-    toc = (ROOT / "_toc.yml").read_text()
     found = []
-    for f in re.findall(r"file:\s*(\S+)", toc) + ["intro"]:
+    for f in manifest.toc_files():
         for suffix in (".ipynb", ".md"):
             if (ROOT / f"{f}{suffix}").is_file() and ROOT / f"{f}{suffix}" not in found:
                 found.append(ROOT / f"{f}{suffix}")

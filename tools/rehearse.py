@@ -1,6 +1,6 @@
 """Rehearse a profile's training on this machine before a GPU sees it.
 
-    python tools/rehearse.py chapters/scratch/pytorch.ipynb        # the gpu profile, k = 1
+    python -m tools.rehearse chapters/scratch/pytorch.ipynb        # the gpu profile, k = 1
     make rehearse NB="chapters/scratch/pytorch.ipynb chapters/sharded/jax.ipynb"
 
 A profile's hyper-parameters and thresholds must come from a run of those settings, never
@@ -16,7 +16,7 @@ runs, the thresholds, how far each run cleared them, the machine and the version
 must equal the profile's current one, and every run must clear the profile's current
 threshold by :data:`MARGIN` (a gap between runs: :data:`GAP_MARGIN`).  Thresholds are set from
 the runs, so changing one needs no new rehearsal; changing a run setting does.  Notebooks whose gpu-profile training does not fit in an hour on 2 CPU
-cores are listed in :data:`NOT_REHEARSED` with the reason their thresholds are safe.
+cores say in the manifest (``Chapter.not_rehearsed``) why their thresholds are safe.
 """
 from __future__ import annotations
 
@@ -29,9 +29,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tools"))
+from tools import manifest
+
+ROOT = manifest.ROOT
 
 OUT_DIR = ROOT / "benchmarks" / "rehearsal"
 
@@ -47,40 +47,21 @@ GAP_MARGIN = 0.02
 #: The fields of a profile section that are thresholds, set from the runs, not run settings.
 THRESHOLDS = ("min_test_acc", "max_acc_gap")
 
-#: What each rehearsed chapter's runs are, read from the kernel once the notebook has run:
-#: the profile section whose settings they use, the expression that gives the runs, and the
-#: thresholds they must clear.
-HARVEST = {
-    "scratch": dict(
-        section="scratch",
-        runs="[{key: r[key] for key in ('devices', 'batch_size', 'lr', 'test_acc')}"
-             " for r in (run_1, run_k, run_big)]",
-        thresholds={"min_test_acc": "P.scratch.min_test_acc"}),
-    "sharded": dict(
-        section="sharded",
-        runs="[{'run': name, 'test_acc': acc} for name, acc in accuracy.items()]",
-        thresholds={"min_test_acc": "P.sharded.min_test_acc",
-                    "max_acc_gap": "P.sharded.max_acc_gap"}),
-}
-
-#: Notebooks whose gpu-profile training is not rehearsed on the CPU, and why their thresholds
-#: are safe without it.
-NOT_REHEARSED = {
-    "concise": (
-        "ResNet-18 at width 64 on all 60,000 images for 3 epochs is ~490 TFLOP per run, "
-        "about 80 minutes per run on 2 cores and five runs a notebook. Its threshold (0.8) has "
-        "been met on GPUs: every training check of concise/pytorch and concise/jax passed under "
-        "the gpu profile on one H200 (2026-11-27, ../shared/gpu-runs), and on the CPU the same "
-        "recipe at width 16 on 6,000 images reaches 0.73-0.77 in 2 epochs."),
-    "comparison/batch-size": (
-        "36 LeNet runs of 10 epochs on 59,392 images: about 5 hours on 2 cores. Its verdicts "
-        "are relative (a policy against the base batch, within the seeds' spread), and no "
-        "absolute threshold of the gpu profile is asserted."),
-}
+#: What each rehearsed page's runs are (``Chapter.rehearsal`` in the manifest), read from the
+#: kernel once the notebook has run: the profile section whose settings they use, the
+#: expression that gives the runs, and the thresholds they must clear.  Pages the gpu profile
+#: trains but no rehearsal covers say why in ``Chapter.not_rehearsed``.
 
 
-def chapter_of(nb: Path) -> str:
-    return nb.resolve().parent.name
+def harvest_of(nb: Path) -> dict:
+    """What the rehearsal of ``nb`` harvests (its chapter's manifest entry); stops with the
+    reason where none is defined."""
+    chapter, key = manifest.page_key(nb)
+    if key not in chapter.rehearsal:
+        why = chapter.not_rehearsed.get(key, "")
+        raise SystemExit(f"{nb}: no rehearsal is defined for it (tools/manifest.py, the "
+                         f"{chapter.name} chapter's rehearsal){': ' + why if why else ''}")
+    return chapter.rehearsal[key]
 
 
 def harvest_code(spec: dict) -> str:
@@ -137,11 +118,8 @@ def verdict(data: dict) -> dict:
 
 def rehearse(nb: Path, profile: str, devices: int, timeout: int) -> dict:
     from d2lmini.hardware import cpu_model, nvidia_gpus, package_versions
-    from gpu_run import snapshot
-    chapter = chapter_of(nb)
-    if chapter not in HARVEST:
-        raise SystemExit(f"{nb}: no rehearsal is defined for the {chapter} chapter "
-                         f"(tools/rehearse.py HARVEST)")
+    from tools.gpu_run import snapshot
+    harvest = harvest_of(nb)
     os.environ.update(D2LMINI_PROFILE=profile, D2LMINI_NUM_DEVICES=str(devices),
                       PYTHONUNBUFFERED="1")
     with tempfile.TemporaryDirectory(prefix="d2l_rehearse_") as tmp:
@@ -149,7 +127,7 @@ def rehearse(nb: Path, profile: str, devices: int, timeout: int) -> dict:
         os.environ["PYTHONPATH"] = os.pathsep.join(
             [str(copy)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
         data, error, seconds = execute(copy / nb.resolve().relative_to(ROOT),
-                                       harvest_code(HARVEST[chapter]), timeout)
+                                       harvest_code(harvest), timeout)
     if data is None:
         raise SystemExit(f"{nb}: the runs could not be read ({error})")
     return {

@@ -11,7 +11,7 @@ on the same batches in the same order (the `cpu` profile's concise settings):
   BatchNorm rule: how far rounding alone moves the accuracy (PyTorch with 1 and 2 threads),
   and how far apart the frameworks end when they take exactly the same steps.
 
-    .venv/bin/python tools/rounding.py [--steps 60]      # about 10 minutes on 2 cores
+    .venv/bin/python -m tools.rounding [--steps 60]      # about 10 minutes on 2 cores
 """
 import argparse
 import json
@@ -20,9 +20,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from d2lmini import results
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from d2lmini import results  # noqa: E402
 
 RUNS = [("mxnet", 1), ("torch", 1), ("torch", 2), ("jax", 1)]
 
@@ -30,10 +30,11 @@ RUNS = [("mxnet", 1), ("torch", 1), ("torch", 2), ("jax", 1)]
 def run(fw, threads, steps):
     env = dict(os.environ, D2LMINI_NUM_DEVICES="1", JAX_PLATFORMS="cpu",
                CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS=str(threads),
-               XLA_FLAGS=os.environ.get("XLA_FLAGS", ""))
-    r = subprocess.run([sys.executable, str(ROOT / "tools" / "_rounding_worker.py"), fw,
-                        str(threads), str(steps)], capture_output=True, text=True, env=env,
-                       timeout=1800, cwd=str(ROOT))
+               XLA_FLAGS=os.environ.get("XLA_FLAGS", ""),
+               PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    r = subprocess.run([sys.executable, "-m", "tools._rounding_worker", fw, str(threads),
+                        str(steps)], capture_output=True, text=True, env=env, timeout=1800,
+                       cwd=str(ROOT / "chapters" / "concise" / "recipe"))
     lines = [l for l in r.stdout.splitlines() if l.startswith("RESULT ")]
     if r.returncode != 0 or not lines:
         raise SystemExit(f"{fw} ({threads} threads) failed:\n{r.stderr[-3000:]}")

@@ -1,7 +1,7 @@
 """Time the training step the same way in every framework: its fast-path ladder and its shape.
 
-    python tools/step_bench.py                          # a GPU machine: every framework it has
-    python tools/step_bench.py --allow-cpu --quick      # this machine: small sizes, labelled CPU
+    python -m tools.step_bench                          # a GPU machine: every framework it has
+    python -m tools.step_bench --allow-cpu --quick      # this machine: small sizes, labelled CPU
     make gpu-bench                                      # the same, on a GPU, into benchmarks/
 
 What is timed is one definition of a step (``d2lmini.steptime``): the batch already on the
@@ -35,11 +35,12 @@ import sys
 import time
 from pathlib import Path
 
+from d2lmini.frameworks import FRAMEWORKS as ALL, KEYS
+
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "chapters" / "concise" / "recipe"
-FRAMEWORKS = ("torch", "jax", "paddle", "mxnet")
-RECIPE = {"torch": "pytorch_fast.py", "jax": "jax_fast.py", "paddle": "paddle_fast.py",
-          "mxnet": "mxnet_fast.py"}
+FRAMEWORKS = KEYS                                 # the book's order
+RECIPE = {f.key: f"{f.notebook}_fast.py" for f in ALL}
 MARK = "STEPBENCH "
 
 

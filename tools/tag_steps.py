@@ -1,21 +1,18 @@
 """Tag the code cells that define a chapter's step functions with ``step:<name>``.
 
-    .venv/bin/python tools/tag_steps.py
+    .venv/bin/python -m tools.tag_steps
 
 The framework tabs (``{framework-tabs} CHAPTER STEP`` in the book's pages) show the cells
 tagged ``step:STEP`` in the four notebooks of CHAPTER; tests/test_steps.py checks that every
 notebook of a chapter tags the same steps.  A cell is tagged when it defines, at top level,
-one of the functions listed for its chapter below.  Idempotent.
+one of the functions its chapter's manifest entry lists (``Chapter.steps``).  Idempotent.
 """
 import ast
 import json
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-STEPS = {  # chapter -> {function defined in the cell: step name}
-    "scratch": {"init_params": "model", "get_params": "get_params", "allreduce": "allreduce",
-                "train_step": "train_step", "ring_allreduce": "ring_allreduce"},
-}
+from tools.manifest import CHAPTERS, ROOT
+
+STEPS = {c.name: c.steps for c in CHAPTERS if c.steps}  # chapter -> {function: step name}
 
 
 def defined_functions(src: str) -> set[str]:

@@ -1,8 +1,8 @@
 """Record how long each unit of work of the test suite took, for ``make test``'s scheduling.
 
     .venv/bin/python -m pytest ... --junitxml=_build/junit.xml
-    .venv/bin/python tools/test_durations.py _build/junit.xml     # rewrites tests/durations.json
-    .venv/bin/python tools/test_durations.py _build/junit.xml _build/cpu-seconds.json
+    .venv/bin/python -m tools.test_durations _build/junit.xml     # rewrites tests/durations.json
+    .venv/bin/python -m tools.test_durations _build/junit.xml _build/cpu-seconds.json
 
 A unit is what one xdist worker runs in one go (``conftest.work_unit``): a notebook at one
 device count, a test file, or the tests of the built book. ``make test`` hands the units out
