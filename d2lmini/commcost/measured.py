@@ -9,11 +9,12 @@ from pathlib import Path
 
 import numpy as np
 
+from ..locations import records
 from .nccl import NODE_GPUS
 from .workload import resnet18_flops
 
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+BENCHMARKS = records()          # the book's benchmarks/, from any install (d2lmini.locations)
 
 # The book's first GPU run (benchmarks/h100-2026-11-25/README.md): PyTorch's concise step of
 # ResNet-18 width 64 (28x28 images), global batch 256, on one H100.  The records do not say
