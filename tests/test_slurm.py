@@ -10,7 +10,7 @@ configuration, free ports), once for the whole module and torn down after it.
   checkpoint and still equals full-batch gradient descent.
 
 Every job's output is written to ``_build/slurm-record/`` (``D2LMINI_SLURM_RECORD`` elsewhere:
-``tools/slurm_record.py`` refreshes the committed record the page shows).  Slurm and munge
+``python -m tools.slurm_record`` refreshes the committed record the page shows).  Slurm and munge
 come from Debian (``make slurm``, as root); without them, or not as root, the module is
 skipped locally and fails under CI.
 """
@@ -28,9 +28,11 @@ from pathlib import Path
 
 import pytest
 
+from tools import local_slurm
+
+pytestmark = pytest.mark.launches   # starts a scheduler, its nodes and their ranks
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
-import local_slurm  # noqa: E402  -- tools/ is put on the path just above
 
 HERE = ROOT / "chapters" / "comparison"
 SBATCH = HERE / "slurm"
@@ -304,11 +306,11 @@ def test_a_script_run_wrongly_says_how_to_run_it(script, tmp_path):
 
 def test_the_page_shows_a_record_of_these_scripts():
     manifest = COMMITTED / "manifest.json"
-    assert manifest.exists(), "no record of the cluster runs: python tools/slurm_record.py"
+    assert manifest.exists(), "no record of the cluster runs: python -m tools.slurm_record"
     data = json.loads(manifest.read_text())
     stale = [p for p, h in sources_digest().items() if data["sources"].get(p) != h]
     assert not stale, (f"{stale} changed since the record the cluster page shows was made: "
-                       "python tools/slurm_record.py (as root, with Slurm)")
+                       "python -m tools.slurm_record (as root, with Slurm)")
     names = {*JOBS, "fault-raise", "fault-scancel", "fault-requeue"}
     assert set(data["jobs"]) == names
     assert {p.stem for p in COMMITTED.glob("*.txt")} == {*names, "slurm-env"}

@@ -9,7 +9,7 @@ two nodes ``n1`` and ``n2`` are this host (``NodeAddr=127.0.0.1``, a port each),
         job = cluster.sbatch(["torch.sbatch", "multinode_torch.py", "--out", "res"], cwd=...)
         print(job.state, job.exit_code, job.output)
 
-    python tools/local_slurm.py up      # prints `export SLURM_CONF=...`; `down` stops it
+    python -m tools.local_slurm up      # prints `export SLURM_CONF=...`; `down` stops it
 
 Every client command (``sbatch``, ``srun``, ``scontrol``...) finds the cluster through
 ``SLURM_CONF``; ``stop()`` shuts the daemons down and kills whatever of theirs is left, so
@@ -397,7 +397,7 @@ def main(argv=None) -> int:
             print(f"error: {e}", file=sys.stderr)
             return 1
         print(f"export SLURM_CONF={cluster.conf}   # then sbatch/srun/sinfo; "
-              f"`python {sys.argv[0]} down --dir {a.dir}` stops it")
+              f"`python -m tools.local_slurm down --dir {a.dir}` stops it")
         return 0
     for name, pidfile in [("slurmctld", cluster.dir / "slurmctld.pid"),
                           *[(f"slurmd-{n}", cluster.dir / f"slurmd-{n}.pid") for n in NODES],

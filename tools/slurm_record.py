@@ -3,7 +3,7 @@
 this machine (root, Debian's slurm-wlm and munge: make slurm) and, when every job passed its
 checks, store what the jobs printed.
 
-    python tools/slurm_record.py
+    python -m tools.slurm_record
 
 The record holds the lines of each job's output the page shows (``shown`` in the test) and a
 manifest of the scripts' digests, which tests/test_slurm.py compares with the scripts of the
