@@ -82,3 +82,25 @@ def test_the_api_page_example_runs_and_every_documented_module_is_a_calculator_m
         exec(compile(block, "api.md", "exec"), {})
     documented = set(re.findall(r"\.\. automodule:: (\S+)", page))
     assert set(WORKED) <= documented, sorted(set(WORKED) - documented)
+
+
+def test_a_card_is_one_entry_of_the_catalogue(monkeypatch):
+    """The chapters name a card by its key and take the rest from its record: peaks, link,
+    server, network card, memory, the folder of its measured runs.  A new card is one entry."""
+    h100, h200 = cc.card("H100 SXM"), cc.card("H200 SXM")
+    assert h200.gpu.peak("bf16") == h100.gpu.peak("bf16") == 989.4e12     # the same chip
+    assert h200.hbm_bytes_per_s > h100.hbm_bytes_per_s and h200.link == h100.link
+    assert cc.H100_CLUSTER == cc.cluster_of("H100 SXM")
+    assert cc.H200_RUN == cc.runs_of("H200 SXM") and cc.H200_RUN.is_dir()
+    with pytest.raises(KeyError, match="one Card entry"):
+        cc.card("B200")
+    with pytest.raises(FileNotFoundError, match="make gpu-bench"):
+        cc.runs_of("A100 SXM")
+    new = cc.Card("X1", cc.Gpu("X1", 1e14, "test", 2e14, 4e14), cc.LINKS["PCIe 5.0 x16"],
+                  cc.LINKS["InfiniBand HDR"], 1e12, 4e10, node_gpus=4)
+    monkeypatch.setitem(cc.CARDS, "X1", new)
+    servers = cc.cluster_of("X1")
+    assert servers.gpus_per_node == servers.nics_per_node == 4 and servers.intra.name == "PCIe 5.0 x16"
+    assert cc.cluster_time("all-reduce", 1e9, 2, servers) > cc.cluster_time("all-reduce", 1e9, 2)
+    with pytest.raises(ValueError, match="NET link"):
+        cc.Card("X2", new.gpu, new.link, cc.LINKS["PCIe 4.0 x16"], 1e12, 4e10)

@@ -23,7 +23,7 @@ def comm_scaling():
     from d2lmini.config import get_profile
     steps = {label: s for label, s in cc.resnet18_step_times(256).items() if s.fit is not None}
     n_bytes = sum(l["grad_bytes"] for l in cc.resnet18_layer_costs())
-    return cc.plot_scaling(steps, n_bytes, cc.LINKS["NVLink 4 (H100 SXM)"],
+    return cc.plot_scaling(steps, n_bytes, cc.card("H100 SXM").link,
                            global_batch=get_profile("gpu").concise.batch_size,
                            title="ResNet-18 on H100s over NVLink 4: predicted from steps "
                                  "measured on one H200")

@@ -10,6 +10,8 @@ collective to time), one module per job; every name is also here, ``commcost.<na
   message sizes and device counts;
 - ``nccl``: NCCL's own cost model (src/graph/tuning.cc) over published ``LINKS``:
   ``collective_time`` and the algorithm and protocol NCCL picks;
+- ``cards``: the GPU cards, one record each (``CARDS``, ``card``): peaks, link, server size,
+  network card, memory, the folder of their measured runs; ``cluster_of`` a card's servers;
 - ``workload``: the book's models' FLOPs and gradient bytes (ResNet-18's and GPT-2's layer by
   layer; ``gpt2_units``, GPT-2's FSDP units), GPUs' peak rates (FP32, TF32, bfloat16);
 - ``measured``: one GPU's step read from the benchmark records (``load_step``,
@@ -45,6 +47,7 @@ from .nccl import (PROTOCOLS, NCCL_VERSION_READ, NCCL_SOURCE, NCCL_BASE_LATENCY_
                    NCCL_RING_PLATEAU, ALGORITHMS, NCCL_LL_MAX_BW, Link, nodes_of, nccl_latency,
                    tree_bandwidth, collective_time, nccl_choice, nccl_protocol, NODE_GPUS,
                    LINKS)
+from .cards import Card, CARDS, card, cluster_of, runs_of
 from .workload import (LENET_SHAPES, Gpu, GPUS, gradient_bytes, lenet_flops, resnet18_flops,
                        resnet18_layer_costs, gpt2_units, gpt2_layer_costs, ASSUMED_UTILIZATION,
                        compute_time)
@@ -66,7 +69,7 @@ from .plots import (plot_overlap_timeline, plot_roofline, plot_speedups, plot_fi
                     scaling_speedups, plot_scaling)
 from .worker import add_worker_arguments, rank_sweep
 
-__all__ = ["allreduce_table", "SCHEMES", "coefficients", "model_time", "Fit", "fit", "crossover",
+__all__ = ["Card", "CARDS", "card", "cluster_of", "runs_of", "allreduce_table", "SCHEMES", "coefficients", "model_time", "Fit", "fit", "crossover",
            "algorithm_bandwidth", "bus_bandwidth", "bandwidths", "summarize", "time_call",
            "time_interleaved", "page_faults", "time_and_faults", "message_sizes", "device_counts", "sweep", "fit_rows",
            "fit_per_k", "regime_size", "moved_bytes", "per_byte_moved", "sig", "fmt_bytes",

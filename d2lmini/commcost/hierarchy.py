@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .alphabeta import collective_coefficients
-from .nccl import (LINKS, NCCL_BASE_LATENCY_US, NCCL_HW_LATENCY_US, NCCL_LL_MAX_BW,
+from .cards import cluster_of
+from .nccl import (NCCL_BASE_LATENCY_US, NCCL_HW_LATENCY_US, NCCL_LL_MAX_BW,
                    NCCL_RING_EFFICIENCY, NCCL_RING_PLATEAU, NCCL_TREE_EFFICIENCY,
                    NCCL_TREE_LL_FACTOR, NCCL_TREE_LL128_FACTOR, NODE_GPUS, PROTOCOLS, Link,
                    _tree_correction, collective_time)
@@ -89,8 +90,7 @@ class AcrossNodes:
                 f"{c.inter.name} cards a node")
 
 
-H100_CLUSTER = Cluster("H100 servers: 8 GPUs on NVLink 4, one InfiniBand NDR card per GPU",
-                       LINKS["NVLink 4 (H100 SXM)"], LINKS["InfiniBand NDR"])
+H100_CLUSTER = cluster_of("H100 SXM")      # the card catalogue's (d2lmini.commcost.cards)
 
 
 def _us(table: dict, algorithm: str, protocol: str) -> float:

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from ..locations import records
+from .cards import runs_of
 from .nccl import NODE_GPUS
 from .workload import resnet18_flops
 
@@ -20,7 +21,7 @@ BENCHMARKS = records()          # the book's benchmarks/, from any install (d2lm
 # ResNet-18 width 64 (28x28 images), global batch 256, on one H100.  The records do not say
 # which numerics ran; the README does: TF32 allowed (D2LMINI_TF32=1 then; PyTorch's default for
 # convolutions, and JAX's GPU default is TF32-like) and exact numerics (TF32 off).
-H100_RUN = BENCHMARKS / "h100-2026-11-25"
+H100_RUN = runs_of("H100 SXM")
 H100_RESNET18 = {"measured, TF32 on (default)": H100_RUN / "bench-torch-w64-tf32.json",
                  "measured, TF32 off (exact)": H100_RUN / "bench-torch-w64.json"}
 H100_MODEL = "ResNet-18, width 64"
@@ -104,7 +105,7 @@ def load_step(path, *, model: str = H100_MODEL, framework: str = "torch", device
 # concise chapter's fast recipe at per-GPU batches 32, 128 and 256 on device arrays
 # (tools/step_bench.py -> steps.json), and a probe the same way with CUDA graphs
 # (probe-cudagraphs.jsonl).  Each gives the step's shape, T(B) = T0 + B t.
-H200_RUN = BENCHMARKS / "h200-2026-11-27"
+H200_RUN = runs_of("H200 SXM")
 H200_SHAPES = {      # label: (file, framework, rung or probe variant)
     "measured, H200, PyTorch eager": ("steps.json", "torch", "defaults"),
     "measured, H200, JAX": ("steps.json", "jax", "defaults"),
