@@ -48,14 +48,18 @@ PADDLE_CPU = {"CUDA_VISIBLE_DEVICES": None}     # its launcher takes even "" as 
 RECIPE = ["--epochs", "1", "--batch-size", "32", "--train-samples", "64", "--test-samples",
           "64", "--width", "4"]
 
-# name: (sbatch script, program and its options, environment); each job runs in a directory
-# of its own, where the proofs write results/rank{r}.json
+# name: (sbatch script, program and its options, environment, sbatch's options); each job
+# runs in a directory of its own, where the proofs write results/rank{r}.json.  The JAX recipe
+# is one process driving one machine's devices (2 simulated CPU devices here): one node.
 JOBS = {
-    "torch-proof": ("torch.sbatch", [HERE / "multinode_torch.py", "--out", "results"], CPU),
-    "jax-proof": ("jax.sbatch", [HERE / "multinode_jax.py", "--out", "results"], CPU),
-    "paddle-proof": ("paddle.sbatch", [HERE / "multinode_paddle.py", "--out", "results"], PADDLE_CPU),
-    "torch-recipe": ("torch.sbatch", [RECIPES / "pytorch_dp.py", *RECIPE], CPU),
-    "paddle-recipe": ("paddle.sbatch", [RECIPES / "paddle_dp.py", *RECIPE], PADDLE_CPU),
+    "torch-proof": ("torch.sbatch", [HERE / "multinode_torch.py", "--out", "results"], CPU, []),
+    "jax-proof": ("jax.sbatch", [HERE / "multinode_jax.py", "--out", "results"], CPU, []),
+    "paddle-proof": ("paddle.sbatch", [HERE / "multinode_paddle.py", "--out", "results"],
+                     PADDLE_CPU, []),
+    "torch-recipe": ("torch.sbatch", [RECIPES / "pytorch_dp.py", *RECIPE], CPU, []),
+    "paddle-recipe": ("paddle.sbatch", [RECIPES / "paddle_dp.py", *RECIPE], PADDLE_CPU, []),
+    "jax-recipe": ("jax.sbatch", [RECIPES / "jax_dp.py", *RECIPE],
+                   {**CPU, "D2LMINI_NUM_DEVICES": "2"}, ["--nodes=1"]),
 }
 CHECKS = HERE / "multinode_checks.py"
 # The files whose runs the record shows: a change to one of them needs a new record.
@@ -134,13 +138,14 @@ def job_env(extra: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def jobs(cluster, tmp_path_factory):
-    """The five jobs of :data:`JOBS`, submitted together; ``jobs(name)`` waits for one."""
+    """The jobs of :data:`JOBS`, submitted together; ``jobs(name)`` waits for one."""
     started, done = {}, {}
-    for name, (script, args, env) in JOBS.items():
+    for name, (script, args, env, options) in JOBS.items():
         out = tmp_path_factory.mktemp(name)
-        started[name] = (cluster.sbatch_start([str(SBATCH / script), *map(str, args)], str(out),
-                                              env=job_env(env), output=f"{name}-%j.out"),
-                         out / "results", command(script, args))
+        shown_env = "".join(f"{k}={v} " for k, v in env.items() if k.startswith("D2LMINI_"))
+        started[name] = (cluster.sbatch_start([*options, str(SBATCH / script), *map(str, args)],
+                                              str(out), env=job_env(env), output=f"{name}-%j.out"),
+                         out / "results", shown_env + command(script, args, options))
 
     def result(name):
         if name not in done:
@@ -283,10 +288,13 @@ def test_jax_finds_its_process_id_and_count_in_slurm(jobs):
     assert sorted(re.findall(r"^task (\d) on (n\d)", job.output, re.M)) == [("0", "n1"), ("1", "n2")]
 
 
-@pytest.mark.parametrize("framework", ["torch", "paddle"])
-def test_the_concise_recipe_trains_on_two_nodes(jobs, framework):
+@pytest.mark.parametrize("framework", ["torch", "paddle", "jax"])
+def test_the_concise_recipe_trains_under_slurm(jobs, framework):
+    """PyTorch and Paddle: one rank on each of the two nodes; JAX: one process, one node."""
     job, _ = jobs(f"{framework}-recipe")
     completed(job)
+    tasks = sorted(re.findall(r"^task (\d) on (n\d)", job.output, re.M))
+    assert tasks == ([("0", "n1")] if framework == "jax" else [("0", "n1"), ("1", "n2")]), job.output
     lines = re.findall(r"^epoch 1: loss ([\d.]+), test accuracy ([\d.]+) \((\d+) devices", job.output, re.M)
     assert lines, job.output[-3000:]
     loss, acc, k = lines[0]
