@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 FRAMEWORK_NOTEBOOKS = ("pytorch", "jax", "paddle", "mxnet")
 #: The chapters whose neutral lesson has a page of its own (the others: not yet).
-WRITTEN_ONCE = {"comm": "model.ipynb"}
+WRITTEN_ONCE = {"comm": "model.ipynb", "sharded": "model.ipynb"}
 
 
 def _statements(source: str) -> int:

@@ -24,12 +24,14 @@ compared with one step on the whole batch.  Last, FSDP2's knobs (``knobs``), on 
 section's MLP (``sh.MLP_WIDTHS``, one unit per layer): ``MixedPrecisionPolicy``'s ``param_dtype``
 and ``reduce_dtype``, explicit prefetching, ``set_requires_gradient_sync(False)`` across
 micro-batches and deferred initialisation on the meta device, each measured with the tracker
-(and the bytes handed to FSDP2's collectives).  Each rank writes ``DIR/rank<r>.json`` with its
+(and the bytes handed to FSDP2's collectives), and the backward pass's prefetch plan
+(``backward_plan``).  Each rank writes ``DIR/rank<r>.json`` with its
 peak resident memory.  CPU and gloo unless there is a GPU for every rank (then NCCL).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import gc
 import json
@@ -46,6 +48,7 @@ from torch.distributed._tools.mem_tracker import MemTracker
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.fsdp._fully_shard._fsdp_collectives import (DefaultAllGather,
                                                                    DefaultReduceScatter)
+from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -302,6 +305,39 @@ class LayerMoments:
                 "backward": [self.backward[l][key] for l in range(L)]}
 
 
+@contextlib.contextmanager
+def backward_plan(model):
+    """What FSDP2 *decides* in the backward pass, not when memory is freed: in order, each
+    layer's backward (``backward layers.<l>``, when its weight gradient is made) and each
+    all-gather FSDP2 issues ahead of a layer (``prefetch layers.<l>``, its private
+    ``FSDPParamGroup._prefetch_unshard``, by which the default and the explicit lists both
+    prefetch).  Yields the list it fills; the order is that of autograd's hooks, not of time."""
+    events, original = [], FSDPParamGroup.__dict__["_prefetch_unshard"]
+
+    def record(target, pass_type):
+        if pass_type == "backward":
+            events.append(f"prefetch {target._module_fqn}")
+        return original.__func__(target, pass_type)
+
+    def before(l):                  # the gathered weight exists once FSDP2's pre-forward ran
+        def pre_hook(layer, args):
+            handle = []
+
+            def at_grad(grad):
+                events.append(f"backward layers.{l}")
+                handle.pop().remove()
+            handle.append(layer.weight.register_hook(at_grad))
+        return pre_hook
+    handles = [layer.register_forward_pre_hook(before(l)) for l, layer in enumerate(model.layers)]
+    FSDPParamGroup._prefetch_unshard = staticmethod(record)
+    try:
+        yield events
+    finally:
+        FSDPParamGroup._prefetch_unshard = original
+        for h in handles:
+            h.remove()
+
+
 def knobs(X, y, n_global, device, world, accum) -> dict:
     """FSDP2's knobs on the MLP, one forward and backward of this rank's examples each (its
     summed loss over the global batch n_global): what the tracker and the collectives saw."""
@@ -349,17 +385,22 @@ def _knobs(X, y, n_global, device, world, accum) -> dict:
                                              computed["param_dtype=bfloat16"]) / scale
     # prefetching: FSDP2's defaults, one and two layers ahead, explicitly; the least of three
     # runs, moment by moment: now and then a buffer prefetched in the backward pass outlives its
-    # layer's moment by one reading (we have not found why)
+    # layer's moment by one reading (we have not found why). The backward pass's plan (which
+    # layer each layer's backward gathers ahead) is recorded too: it does not depend on timing.
+    out["backward_plan"] = {}
     for depth in (None, 1, 2):
-        runs = []
+        runs, plans = [], []
         for _ in range(3):
             model = shard_mlp(MLP().to(device), mesh, prefetch=depth)
             moments = LayerMoments(model, device)
-            with moments.tracker:
+            with moments.tracker, backward_plan(model) as plan:
                 backward(model, X, y)
             runs.append(moments.by_layer())
-        out["prefetch"]["default" if depth is None else str(depth)] = {
+            plans.append(plan)
+        name = "default" if depth is None else str(depth)
+        out["prefetch"][name] = {
             p: [min(at) for at in zip(*(run[p] for run in runs))] for p in ("forward", "backward")}
+        out["backward_plan"][name] = plans[0] if all(p == plans[0] for p in plans) else plans
     # gradient sync: every micro-batch, or only the last one's (FSDP1's no_sync)
     pieces = d2lmini.shard_slices(len(y), accum)
     for sync in (True, False):

@@ -14,7 +14,11 @@ One module per job; every name is also here, ``sharding.<name>``:
 - ``stagetime``: each scheme's collectives in a step and their predicted time
   (``step_collectives``, ``stage_time_rows``);
 - ``knobs``: FSDP's knobs (``param_dtype``, prefetch, gradient sync, meta-device init) on
-  row-sharded units (``fsdp_collective_bytes``, ``knob_formula_rows``, ``plot_layer_bytes``).
+  row-sharded units (``fsdp_collective_bytes``, ``knob_formula_rows``, ``plot_layer_bytes``);
+- ``formulas``: the formulas as the chapter's neutral page shows them (``per_parameter_table``,
+  ``traffic_table``, ``peak_formula_table``, ``plot_peak_formula``, ``recompute_table``);
+- ``lab``: what every framework's lab does with its measurements, one call each
+  (``proof_report``, ``traffic_report``, ``show_memory``, ``show_peak``, ``peak_report``).
 
 ``gpt2_units`` (GPT-2's FSDP units) is the workload module's, :mod:`d2lmini.commcost.workload`.
 """
@@ -35,6 +39,10 @@ from .stagetime import step_collectives, step_comm_time, stage_time_rows, stage_
 from .knobs import (BF16_GRAD_TOL, mlp_units, fsdp_collective_bytes, gathered_elements,
                     prefetch_bytes, kept_grad_bytes, init_peak_bytes, fsdp_init_peak_bytes,
                     layer_moments, knob_formula_rows, knob_table, plot_layer_bytes)
+from .formulas import (per_parameter_table, traffic_table, peak_formula_table,
+                       plot_peak_formula, recompute_table)
+from .lab import (proof_report, traffic_report, show_memory, show_peak, plot_peaks, peak_report,
+                  train_precisions, accuracies_ok)
 
 __all__ = ["STAGES", "STAGE_NAMES", "SHARDED_PARTS", "PARTS", "Precision", "FP32_ADAM",
            "MIXED_ADAM", "reduce_scatter_schedule", "all_gather_schedule", "shard_sizes",
@@ -49,4 +57,7 @@ __all__ = ["STAGES", "STAGE_NAMES", "SHARDED_PARTS", "PARTS", "Precision", "FP32
            "gpt2_units", "BF16_GRAD_TOL", "mlp_units", "fsdp_collective_bytes",
            "gathered_elements", "prefetch_bytes", "kept_grad_bytes", "init_peak_bytes",
            "fsdp_init_peak_bytes", "layer_moments", "knob_formula_rows", "knob_table",
-           "plot_layer_bytes"]
+           "plot_layer_bytes", "proof_report", "traffic_report", "show_memory", "show_peak",
+           "plot_peaks", "peak_report", "train_precisions", "accuracies_ok",
+           "per_parameter_table", "traffic_table", "peak_formula_table", "plot_peak_formula",
+           "recompute_table"]
