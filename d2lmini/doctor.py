@@ -221,8 +221,12 @@ def installed(framework: str) -> tuple[bool, str | None, str | None]:
     return found, name, version
 
 
-def run_probe(framework: str, timeout: float) -> dict:
-    env = dict(os.environ)
+def run_probe(framework: str, timeout: float, env: dict | None = None) -> dict:
+    """What ``framework`` reports about itself (version, build, CUDA/cuDNN/NCCL, GPUs, devices),
+    imported in a subprocess of its own (environment ``env``, default this one's) so that a
+    crash or a hang is a report, not ours: the book's one framework probe (``tools.gpu_run``
+    uses it too)."""
+    env = dict(os.environ if env is None else env)
     env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     env.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")
     cmd = [sys.executable, "-m", "d2lmini.doctor", "--probe", framework]

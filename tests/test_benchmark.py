@@ -274,3 +274,49 @@ def test_a_count_that_leaves_the_convolutions_out_falls_back_to_the_analytic_one
     assert n == analytic and how.startswith("analytic") and "not counted" in how
     n, how = b.counted(lambda: int(XLA_FLOPS_W64), analytic, "XLA", "analytic")   # the CPU's count
     assert (n, how) == (int(XLA_FLOPS_W64), "XLA")
+
+
+def test_the_notebook_cells_are_chosen_by_tag_not_by_heading(tmp_path):
+    """A worker runs a notebook's cells up to the one tagged as its stop, without the ones
+    tagged bench:skip, whatever the headings say; and the book's notebooks carry the tags."""
+    b = load_benchmark()
+    cells = [{"cell_type": "markdown", "metadata": {}, "source": ["## Training\n"]},
+             {"cell_type": "code", "metadata": {}, "source": ["ran = ['setup']\n"]},
+             {"cell_type": "code", "metadata": {"tags": [b.SKIP]}, "source": ["ran.append('skip')\n"]},
+             {"cell_type": "code", "metadata": {}, "source": ["ran.append('kept')\n"]},
+             {"cell_type": "code", "metadata": {"tags": [b.LAUNCHED_STOP]}, "source": ["ran.append('x')\n"]},
+             {"cell_type": "code", "metadata": {"tags": [b.STOP]}, "source": ["ran.append('proof')\n"]},
+             {"cell_type": "code", "metadata": {}, "source": ["ran.append('after')\n"]}]
+    nb = tmp_path / "nb.ipynb"
+    nb.write_text(json.dumps({"cells": cells}))
+    cwd = os.getcwd()
+    try:
+        assert b.exec_notebook(nb)["ran"] == ["setup", "kept", "x"]
+        assert b.exec_notebook(nb, b.LAUNCHED_STOP)["ran"] == ["setup", "kept"]
+    finally:
+        os.chdir(cwd)
+    for fw in b.NOTEBOOK.values():
+        def tagged(chapter, tag):
+            nb = json.loads((ROOT / "chapters" / chapter / f"{fw}.ipynb").read_text())
+            return [c for c in nb["cells"] if tag in c.get("metadata", {}).get("tags", [])]
+        assert tagged("scratch", b.SKIP) and not tagged("scratch", b.STOP)
+        assert tagged("concise", b.SKIP) and len(tagged("concise", b.STOP)) == 1
+        assert len(tagged("comm", b.STOP)) == 1
+        assert any("train(" in "".join(c["source"]) for c in tagged("scratch", b.SKIP)), fw
+    for fw in ("pytorch", "paddle"):          # the launched ranks' notebooks
+        nb = json.loads((ROOT / "chapters" / "concise" / f"{fw}.ipynb").read_text())
+        assert sum(b.LAUNCHED_STOP in c.get("metadata", {}).get("tags", []) for c in nb["cells"]) == 1
+
+
+def test_the_comm_benchmark_fits_each_framework_as_its_lab_does():
+    """benchmark --comm fits a framework's all-reduce with the scheme its communication lab
+    fits it with (the first entry of the lab's cc.fit_lab call)."""
+    import re
+    from d2lmini.commcost import FRAMEWORK_SCHEME
+    b = load_benchmark()
+    assert set(FRAMEWORK_SCHEME) == set(b.NOTEBOOK)
+    for fw, stem in b.NOTEBOOK.items():
+        cells = json.loads((ROOT / "chapters" / "comm" / f"{stem}.ipynb").read_text())["cells"]
+        src = next("".join(c["source"]) for c in cells if "cc.fit_lab(" in "".join(c["source"]))
+        first = re.search(r"cc\.fit_lab\(\{[^:]+:\s*\(\w+,\s*'(\w+)'\)", src)
+        assert first and first.group(1) == FRAMEWORK_SCHEME[fw], (fw, src[:200])

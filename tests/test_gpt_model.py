@@ -21,11 +21,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from d2lmini.frameworks import KEYS
+
 import d2lmini
 from d2lmini import gpt
 
 ROOT = Path(__file__).resolve().parents[1]
-FRAMEWORKS = ["torch", "jax", "paddle", "mxnet"]
+FRAMEWORKS = list(KEYS)                       # d2lmini.frameworks, the book's order
 LOGIT_TOL = 1e-9
 CFG = gpt.GPTConfig(vocab=13, context=8, layers=2, width=16, heads=4)
 STEPS, LR, BATCH = 3, 0.5, 3

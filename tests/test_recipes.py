@@ -13,9 +13,13 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from d2lmini.frameworks import NOTEBOOKS
+from helpers import ROOT
+
+pytestmark = [pytest.mark.launches, pytest.mark.slow]   # trains the recipes, launches ranks
+
 RECIPE = ROOT / "chapters" / "concise" / "recipe"
-FRAMEWORKS = ["mxnet", "pytorch", "jax", "paddle"]
+FRAMEWORKS = list(NOTEBOOKS)                     # the recipes' file stems: pytorch_dp.py, ...
 ARGS = ["--epochs", "2", "--batch-size", "32", "--train-samples", "128", "--test-samples", "64",
         "--width", "4"]
 
@@ -279,7 +283,7 @@ def test_the_copy_alone_blocks_are_twins():
     and the framework-neutral part of it (the command line, the NumPy reader of Fashion-MNIST,
     the printout) is the same text in all eight scripts."""
     neutral = {}
-    for fw in ("pytorch", "jax", "paddle", "mxnet"):
+    for fw in FRAMEWORKS:
         (one, f_one), (dp, _) = (_alone_functions(RECIPE / f"{fw}_{kind}.py") for kind in ("one", "dp"))
         assert one == dp, f"{fw}_one.py and {fw}_dp.py differ after the copy-alone marker"
         for name in ("parse_args", "load_data", "report"):

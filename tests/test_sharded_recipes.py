@@ -14,6 +14,8 @@ import pytest
 
 from test_recipes import alone_env
 
+pytestmark = pytest.mark.launches   # torchrun, paddle launch and a JAX process per recipe
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARDED = ROOT / "chapters" / "sharded" / "recipe"
 CONCISE = ROOT / "chapters" / "concise" / "recipe"

@@ -8,14 +8,16 @@ import ast
 import itertools
 import json
 import re
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-FRAMEWORK_NOTEBOOKS = ("pytorch", "jax", "paddle", "mxnet")
-#: The chapters whose neutral lesson has a page of its own (the others: not yet).
-WRITTEN_ONCE = {"comm": "model.ipynb", "sharded": "model.ipynb"}
+from d2lmini.frameworks import NOTEBOOKS as FRAMEWORK_NOTEBOOKS
+from helpers import ROOT
+from tools import manifest
+
+#: The chapters whose neutral lesson has a page of its own (the manifest's ``neutral``): their
+#: labs hold to it.
+WRITTEN_ONCE = {c.name: f"{c.neutral[0]}.ipynb" for c in manifest.CHAPTERS if c.neutral}
 
 
 def _statements(source: str) -> int:

@@ -12,19 +12,15 @@ Each notebook runs in a fresh kernel of this interpreter, from its own directory
 import os
 import shutil
 import sys
-import time
 from pathlib import Path
 
 import nbformat
-from nbclient import NotebookClient
+
+from tools.notebooks import execute_in_kernel
 
 
 def execute(path: Path, timeout: int = 1800) -> float:
-    nb = nbformat.read(path, as_version=4)
-    t0 = time.perf_counter()
-    NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                   resources={"metadata": {"path": str(path.parent)}}).execute()
-    seconds = time.perf_counter() - t0
+    nb, seconds = execute_in_kernel(path, timeout)
     nbformat.write(nb, path)
     return seconds
 

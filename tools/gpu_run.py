@@ -85,101 +85,12 @@ ALIASES = manifest.ALIASES
 CHAPTERS = manifest.gpu_run_chapters()                   # the chapters with framework notebooks
 PROFILES = ("smoke", "cpu", "gpu")
 NOTEBOOK_TIMEOUT = {"smoke": 900, "cpu": 2400, "gpu": 5400}   # seconds, per notebook
-PROBE_TIMEOUT = 240
 TAIL = 4000                                               # characters of a log kept
 
 
-# ---------------------------------------------------------------- the machine -------------
-def host_gpus() -> tuple[list[dict], str]:
-    """The NVIDIA GPUs this process may use, and where that came from."""
-    return [{"index": g.index, "name": g.name,
-             "compute_capability": "%d.%d" % tuple(g.compute_capability),
-             "memory_mib": g.memory_mib, "driver_version": g.driver_version}
-            for g in hw.nvidia_gpus()], "d2lmini.hardware.nvidia_gpus"
-
-
-def detect_frameworks() -> dict:
-    """For each framework: importable (all its modules found, nothing imported) and what is
-    missing."""
-    out = {}
-    for fw in FRAMEWORKS:
-        missing = []
-        for m in MODULES[fw]:
-            try:
-                if importlib.util.find_spec(m) is None:
-                    missing.append(m)
-            except (ImportError, ValueError):
-                missing.append(m)
-        out[fw] = {"importable": not missing, "missing": missing}
-    return out
-
-
-def dist_versions() -> dict:
-    return hw.package_versions(*hw.FRAMEWORK_PACKAGES, "matplotlib", "pytest", "nbval",
-                               "ipykernel", "nbformat", "jupyter_client")
-
-
-# What each framework reports about itself; printed as one JSON line by a subprocess.
-PROBE = {
-    "torch": """
-import torch
-r = {"version": torch.__version__, "cuda": torch.version.cuda,
-     "cuda_available": torch.cuda.is_available(), "gpus": torch.cuda.device_count()}
-try:
-    r["cudnn"] = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-except Exception as e:
-    r["cudnn"] = None
-try:
-    r["nccl"] = ".".join(map(str, torch.cuda.nccl.version())) if r["gpus"] else None
-except Exception:
-    r["nccl"] = None
-r["devices"] = [f"cuda:{i} {torch.cuda.get_device_name(i)} (sm_%d%d)"
-                % torch.cuda.get_device_capability(i) for i in range(r["gpus"])] or ["cpu"]
-""",
-    "jax": """
-import jax, jaxlib, flax, optax
-r = {"version": jax.__version__, "jaxlib": jaxlib.__version__, "flax": flax.__version__,
-     "optax": optax.__version__, "backend": jax.default_backend()}
-try:
-    gpus = jax.devices("gpu")
-except RuntimeError:
-    gpus = []
-r["gpus"] = len(gpus)
-r["devices"] = [f"{d} {d.device_kind}" for d in (gpus or jax.devices())]
-try:
-    from jax._src.lib import cuda_versions
-    if cuda_versions is not None:
-        r["cuda"] = str(cuda_versions.cuda_runtime_get_version())
-        r["cudnn"] = str(cuda_versions.cudnn_get_version())
-except Exception:
-    pass
-""",
-    "paddle": """
-import logging
-import paddle
-r = {"version": paddle.__version__, "compiled_with_cuda": paddle.is_compiled_with_cuda()}
-try:
-    r["cuda"] = paddle.version.cuda()
-    r["cudnn"] = paddle.version.cudnn()
-except Exception:
-    pass
-r["gpus"] = paddle.device.cuda.device_count() if r["compiled_with_cuda"] else 0
-r["devices"] = ([f"gpu:{i} {paddle.device.cuda.get_device_name(i)}" for i in range(r["gpus"])]
-                or ["cpu"])
-""",
-    "mxnet": """
-import d2lmini._mxnet_compat  # NumPy 2 names MXNet 1.9.1 still reads
-import mxnet as mx
-r = {"version": mx.__version__, "gpus": mx.context.num_gpus()}
-try:
-    f = mx.runtime.Features()
-    r["cuda"], r["cudnn"] = f.is_enabled("CUDA"), f.is_enabled("CUDNN")
-except Exception:
-    pass
-r["devices"] = [f"gpu({i})" for i in range(r["gpus"])] or ["cpu(0)"]
-""",
-}
-PROBE_TAIL = '\nimport json\nprint("GPU-RUN-PROBE " + json.dumps(r, default=str), flush=True)\n'
+from tools.gpu_machine import (check_data, detect_frameworks,  # noqa: E402
+                               dist_versions, doctor, host_gpus, probe)
+from tools.gpu_report import first_failure, render_md, summarise, write_report  # noqa: E402,F401
 
 
 def run_env(profile: str | None = None, devices: int | None = None) -> dict:
@@ -198,53 +109,6 @@ def run_env(profile: str | None = None, devices: int | None = None) -> dict:
         env["D2LMINI_NUM_DEVICES"] = str(devices)
     return env
 
-
-def probe(fw: str) -> dict:
-    """Import ``fw`` in a subprocess and describe it (version, CUDA, devices)."""
-    try:
-        p = subprocess.run([sys.executable, "-c", PROBE[fw] + PROBE_TAIL], capture_output=True,
-                           text=True, timeout=PROBE_TIMEOUT, env=run_env(), cwd=ROOT,
-                           stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        return {"error": f"importing {fw} did not finish within {PROBE_TIMEOUT} s"}
-    for line in reversed(p.stdout.splitlines()):
-        if line.startswith("GPU-RUN-PROBE "):
-            return json.loads(line[len("GPU-RUN-PROBE "):])
-    return {"error": f"importing {fw} failed (exit status {p.returncode})",
-            "log_tail": (p.stderr or p.stdout)[-1500:]}
-
-
-def doctor(frameworks: list[str], env: dict) -> dict | None:
-    """``python -m d2lmini doctor --json`` for ``frameworks`` (under the run's profile and
-    device count); None where this checkout has no doctor."""
-    if not (ROOT / "d2lmini" / "doctor.py").is_file():
-        return None
-    cmd = [sys.executable, "-m", "d2lmini", "doctor", "--json"]
-    for fw in frameworks:
-        cmd += ["-f", fw]
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=PROBE_TIMEOUT + 60,
-                           env=env, cwd=ROOT, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        return {"error": "the doctor did not finish in time"}
-    try:
-        return json.loads(p.stdout[p.stdout.index("{"):])
-    except ValueError:
-        return {"error": f"the doctor printed no JSON (exit status {p.returncode})",
-                "log_tail": (p.stderr or p.stdout)[-1500:]}
-
-
-def check_data() -> dict:
-    """Whether Fashion-MNIST is present and verified (never downloads)."""
-    try:
-        p = subprocess.run([sys.executable, "-m", "d2lmini", "data", "--no-download"],
-                           capture_output=True, text=True, timeout=PROBE_TIMEOUT, env=run_env(),
-                           cwd=ROOT, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        return {"ok": False, "message": "checking the data did not finish in time"}
-    text = (p.stdout + p.stderr).strip()
-    return {"ok": p.returncode == 0, "message": text.splitlines()[-1] if p.returncode == 0
-            else text[-1500:]}
 
 
 # ---------------------------------------------------------------- running notebooks -------
@@ -388,52 +252,37 @@ def run_exec(nb: Path, timeout: float, env: dict) -> dict:
 
 
 # nbval's comment markers (and cell tags) that change what running a cell means
-MARKERS = {"NBVAL_SKIP": "nbval-skip", "NBVAL_RAISES_EXCEPTION": "raises-exception"}
-
-
 def exec_worker(nb: Path, result: Path) -> int:
     """Execute ``nb``'s code cells in order as a Jupyter kernel would (``__main__`` namespace,
-    cwd = the notebook's folder), skipping ``# NBVAL_SKIP`` cells as nbval does; cell output is
-    discarded.  Writes the progress to ``result`` after every cell; stops at the first error."""
-    cells = json.loads(nb.read_text())["cells"]
-    code = [(i, "".join(c["source"])) for i, c in enumerate(cells) if c["cell_type"] == "code"]
-    state = {"cells_total": len(code), "cells_ran": 0, "cells_skipped": 0, "ok": False,
-             "error": None}
+    cwd = the notebook's folder: ``tools.notebooks.run_cells``), skipping ``nbval-skip`` cells
+    as nbval does; cell output is discarded.  Writes the progress to ``result`` after every
+    cell; stops at the first error."""
+    from tools.notebooks import code_cells, read, run_cells
+    book = read(nb)
+    every, cells = code_cells(book), code_cells(book, skip=("nbval-skip",))
+    state = {"cells_total": len(every), "cells_ran": 0, "cells_skipped": len(every) - len(cells),
+             "ok": False, "error": None}
 
     def save():
         result.write_text(json.dumps(state, indent=1))
     save()
-    os.chdir(nb.parent)
     main = types.ModuleType("__main__")        # the kernel's user namespace is __main__
     sys.modules["__main__"] = main
     sys.argv = [str(nb)]
     sink = io.StringIO()
-    for n, (i, src) in enumerate(code):         # "Cell n" as nbval names them (from 0)
-        tags = set(cells[i].get("metadata", {}).get("tags", []))
-        tags |= {MARKERS[m] for m in (l.strip().lstrip("#").strip() for l in src.splitlines()
-                                      if l.strip().startswith("#")) if m in MARKERS}
-        if "nbval-skip" in tags:
-            state["cells_skipped"] += 1
-            continue
-        sink.seek(0)
-        sink.truncate()
-        try:
-            with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
-                exec(compile(src, f"<{nb.name} cell {n}>", "exec"), main.__dict__)
-        except BaseException as e:  # noqa: BLE001 -- SystemExit in a cell is an error too
-            if "raises-exception" in tags and isinstance(e, Exception):
-                state["cells_ran"] += 1
-                save()
-                continue
-            tb = traceback.format_exc()
+    for n, i, src, tags, e in run_cells(nb, main.__dict__, cells, sink):   # "Cell n" as nbval
+        if e is not None and not ("raises-exception" in tags and isinstance(e, Exception)):
             state["error"] = {"cell": f"Cell {n}", "index": i, "type": type(e).__name__,
                               "summary": f"Cell {n}: {type(e).__name__}: {str(e)[:300]}",
                               "message": str(e)[:2000], "source": src[:600],
-                              "traceback": tb[-3000:], "output_tail": sink.getvalue()[-1500:]}
+                              "traceback": "".join(traceback.format_exception(e))[-3000:],
+                              "output_tail": sink.getvalue()[-1500:]}
             save()
             return 1
         state["cells_ran"] += 1
         save()
+        sink.seek(0)
+        sink.truncate()
     state["ok"] = True
     save()
     return 0
@@ -476,118 +325,6 @@ def run_benchmark(frameworks: list[str], devices: list[int], out: Path, extra: l
                         else f"exit status {rc}: " + (log.strip().splitlines() or ["?"])[-1])
     res["log_tail"] = log[-TAIL:]
     return res
-
-
-# ---------------------------------------------------------------- report ------------------
-def first_failure(r: dict) -> str:
-    if r["status"] == "passed":
-        return ""
-    f = (r.get("failing_cells") or [{}])[0]
-    return r.get("error") or f.get("summary") or f.get("cell") or "?"
-
-
-def render_md(rep: dict) -> str:
-    m = rep["machine"]
-    gpus = m["gpus"]
-    L = ["# GPU run report", ""]
-    if rep["gpu_used"]:
-        L.append(f"**GPU used: yes** -- {len(gpus)} x {gpus[0]['name']} (compute capability "
-                 f"{gpus[0]['compute_capability']}, driver {gpus[0]['driver_version']}); "
-                 f"frameworks on the GPU: "
-                 f"{', '.join(fw for fw, on in rep['frameworks_gpu'].items() if on)}.")
-    elif gpus:
-        L.append(f"**GPU used: NO.** This machine has {len(gpus)} GPU(s) ({gpus[0]['name']}), "
-                 f"but no framework that ran sees one (CPU builds): every number below is the "
-                 f"CPU's.")
-    else:
-        L.append("**GPU used: NO.** No NVIDIA GPU on this machine (run with --allow-cpu): this "
-                 "run tests the pipeline only and says nothing about GPUs.")
-    L += ["", f"- overall: **{rep['status']}** ({rep['summary']})",
-          f"- date: {rep['date']}, {rep['seconds']:.0f} s in all",
-          f"- profile `{rep['settings']['profile']}`, D2LMINI_NUM_DEVICES="
-          f"{rep['settings']['num_devices'] or 'unset (every GPU; 2 simulated without GPUs)'}, "
-          f"notebook runner `{rep['settings']['mode']}`, per-notebook timeout "
-          f"{rep['settings']['timeout']:g} s",
-          f"- CPU: {m['cpu']} ({m['cpu_cores']} cores); Python {m['python']} "
-          f"(`{m['python_executable']}`)",
-          f"- data: {'ok' if rep['data']['ok'] else 'MISSING'} -- "
-          f"{rep['data']['message'].splitlines()[-1] if rep['data']['message'] else ''}",
-          *[f"- **warning**: {w}" for w in rep.get("warnings", [])], "",
-          "## Frameworks", "",
-          "| framework | importable | version | CUDA | cuDNN | GPUs seen | devices |",
-          "|---|---|---|---|---|---|---|"]
-    for fw in FRAMEWORKS:
-        f = m["frameworks"][fw]
-        p = f.get("probe") or {}
-        if not f["importable"]:
-            L.append(f"| {fw} | no (missing {', '.join(f['missing'])}) | | | | | |")
-            continue
-        if "error" in p:
-            L.append(f"| {fw} | yes | probe failed: {p['error']} | | | | |")
-            continue
-        L.append(f"| {fw} | yes{'' if fw in rep['frameworks'] else ' (not run)'} | "
-                 f"{p.get('version', '')} | {p.get('cuda') or ''} | {p.get('cudnn') or ''} | "
-                 f"{p.get('gpus', '')} | {', '.join(p.get('devices', []))[:120]} |")
-    if m.get("doctor") is None:
-        L += ["", "(no doctor in this checkout: `python -m d2lmini doctor` skipped)"]
-    elif "error" in m["doctor"]:
-        L += ["", f"doctor: {m['doctor']['error']}"]
-    else:
-        probs = m["doctor"].get("problems") or []
-        L += ["", f"doctor: {'no problems' if not probs else f'{len(probs)} problem(s)'}"]
-        L += [f"- {p.get('framework')}: {p.get('problem')}" for p in probs]
-    L += ["", "## Notebooks", "", "| notebook | status | seconds | cells | first failure |",
-          "|---|---|---|---|---|"]
-    for r in rep["notebooks"]:
-        c = r.get("cells", {})
-        cells = (f"{c.get('passed', 0)} passed, {c.get('failed', 0) + c.get('errors', 0)} failed"
-                 if r.get("mode") == "nbval" else f"{c.get('ran', 0)}/{c.get('total')} ran")
-        first = first_failure(r).replace("|", "\\|").replace("\n", " ")[:200]
-        L.append(f"| {r['notebook']} | {r['status']} | {r.get('seconds', '')} | {cells} "
-                 f"| {first} |")
-    for r in rep["notebooks"]:
-        if r["status"] == "passed":
-            continue
-        L += ["", f"### {r['notebook']}: {r['status']}", ""]
-        for f in r.get("failing_cells") or []:
-            L += [f"- {f.get('summary') or f.get('cell')}", "", "```",
-                  (f.get("traceback") or f.get("message") or "").strip()[-1500:], "```"]
-        if not r.get("failing_cells"):
-            L += [r.get("error") or "", "", "```", (r.get("log_tail") or "").strip()[-1500:],
-                  "```"]
-    b = rep["benchmark"]
-    L += ["", "## Benchmark", "", f"status: **{b['status']}**"
-          + (f" -- {b['error']}" if b.get("error") else "")]
-    if b.get("results_file"):
-        L += [f"results: `{b['results_file']}`", "",
-              "| framework | impl | devices | device kind | ms/step | samples/s | t(k)/t(1) |",
-              "|---|---|---|---|---|---|---|"]
-        for r in b.get("records", []):
-            ov = r["overhead_vs_1"]
-            L.append(f"| {r['framework']} | {r['impl']} | {r['devices']} | {r['device_kind']} | "
-                     f"{1e3 * r['step_s_median']:.1f} | {r['samples_per_s']:.0f} | "
-                     f"{'' if ov is None else f'{ov:.2f}'} |")
-        for f in b.get("failures", []):
-            L.append(f"- FAILED {f['framework']}/{f['impl']}/{f['devices']}: {f['error']}")
-    return "\n".join(L) + "\n"
-
-
-def write_report(rep: dict, out_dir: Path) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for name, text in (("gpu-report.json", json.dumps(rep, indent=1, default=str) + "\n"),
-                       ("gpu-report.md", render_md(rep))):
-        tmp = out_dir / (name + ".part")
-        tmp.write_text(text)
-        os.replace(tmp, out_dir / name)
-
-
-def summarise(rep: dict) -> None:
-    nbs = rep["notebooks"]
-    bad = [r for r in nbs if r["status"] != "passed"]
-    bench_bad = rep["benchmark"]["status"] not in ("passed", "skipped", "pending")
-    rep["summary"] = (f"{len(nbs) - len(bad)}/{len(nbs)} notebooks passed; benchmark "
-                      f"{rep['benchmark']['status']}")
-    rep["status"] = "failed" if bad or bench_bad else "passed"
 
 
 # ---------------------------------------------------------------- main --------------------
@@ -718,9 +455,9 @@ def _run(args, gpus, gpu_source, found, frameworks, chapters, notebooks, mode, t
     env = run_env(args.profile, args.devices)
     # the machine: framework probes, the doctor and the data check, side by side
     with ThreadPoolExecutor(max_workers=len(frameworks) + 2) as pool:
-        probes = {fw: pool.submit(probe, fw) for fw in frameworks}
+        probes = {fw: pool.submit(probe, fw, run_env()) for fw in frameworks}
         doc = pool.submit(doctor, frameworks, env)
-        data = pool.submit(check_data)
+        data = pool.submit(check_data, run_env())
         machine = {
             "gpus": gpus, "gpu_source": gpu_source,
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),

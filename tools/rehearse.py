@@ -26,7 +26,6 @@ import json
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from tools import manifest
@@ -75,32 +74,15 @@ def harvest_code(spec: dict) -> str:
 def execute(nb_path: Path, code_after: str, timeout: int) -> tuple[dict | None, str | None, float]:
     """Run every cell of ``nb_path`` in a fresh kernel, stop at the first error, then run
     ``code_after`` in the same kernel; return its ``REHEARSAL`` JSON, the error, the seconds."""
-    import nbformat
-    from nbclient import NotebookClient
-    from nbclient.exceptions import CellExecutionError
-    nb = nbformat.read(nb_path, as_version=4)
-    client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                            resources={"metadata": {"path": str(nb_path.parent)}})
-    error, data = None, None
-    t0 = time.perf_counter()
-    with client.setup_kernel():
-        for i, cell in enumerate(nb.cells):
-            try:
-                client.execute_cell(cell, i)
-            except CellExecutionError as e:
-                error = f"cell {i}: " + str(e).strip().splitlines()[-1][:500]
-                break
-        seconds = time.perf_counter() - t0
-        probe = nbformat.v4.new_code_cell(code_after)
-        nb.cells.append(probe)
-        try:
-            client.execute_cell(probe, len(nb.cells) - 1)
-        except CellExecutionError as e:
-            return None, error or f"reading the runs: {str(e).strip().splitlines()[-1][:300]}", seconds
+    from tools.notebooks import execute_in_kernel
+    _, seconds, error, probe = execute_in_kernel(nb_path, timeout, after=code_after)
+    data = None
     for out in probe.outputs:
         for line in out.get("text", "").splitlines():
             if line.startswith("REHEARSAL "):
                 data = json.loads(line[len("REHEARSAL "):])
+    if error and error.startswith("after the cells: "):
+        error = "reading the runs: " + error[len("after the cells: "):]
     return data, error, seconds
 
 

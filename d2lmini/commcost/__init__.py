@@ -64,7 +64,7 @@ from .hierarchy import (Cluster, AcrossNodes, H100_CLUSTER, cluster_latency, clu
                         hierarchy_table, plot_hierarchy)
 from .overlap import hidden_fraction, clearly_greater, overlap_verdict, overlap_report
 from .records import record, report, table
-from .lab import FIT_BOUND, LabFits, fit_lab, check_regimes, scratch_costs
+from .lab import FIT_BOUND, FRAMEWORK_SCHEME, LabFits, fit_lab, check_regimes, scratch_costs
 from .plots import (plot_overlap_timeline, plot_roofline, plot_speedups, plot_fits,
                     scaling_speedups, plot_scaling)
 from .worker import add_worker_arguments, rank_sweep
@@ -92,7 +92,7 @@ __all__ = ["Card", "CARDS", "card", "cluster_of", "runs_of", "allreduce_table", 
            "comm_seconds", "roofline_batch", "layer_batches", "threshold_rows", "threshold_table",
            "plot_compute_bound", "Cluster", "H100_CLUSTER", "cluster_latency", "cluster_time",
            "cluster_choice", "HIERARCHY_SCHEMES", "hierarchy_collectives", "hierarchy_step",
-           "hierarchy_rows", "hierarchy_table", "plot_hierarchy", "FIT_BOUND", "LabFits",
+           "hierarchy_rows", "hierarchy_table", "plot_hierarchy", "FIT_BOUND", "FRAMEWORK_SCHEME", "LabFits",
            "fit_lab", "check_regimes", "scratch_costs", "AcrossNodes", "gpus_of",
            "link_label", "BANDWIDTH_OPTIMAL", "NCCL_TREE_EFFICIENCY", "NCCL_TREE_LL_FACTOR",
            "NCCL_TREE_LL128_FACTOR", "add_worker_arguments", "rank_sweep", "scaling_speedups",

@@ -20,6 +20,10 @@ from .records import record, report
 #: measurement (a missing sync, a wrong byte count), not a mediocre fit: chosen after many runs
 #: of all four labs on a busy 2-core machine, with margin.
 FIT_BOUND = {"median": 1.0, "max": 4.0}
+#: The scheme each framework's lab fits its own all-reduce with (``fit_lab``'s first entry):
+#: gloo's and XLA's are rings (or close relatives) on one machine; MXNet's KVStore('device')
+#: reduces on one device, as the naive scheme does.  ``tools.benchmark --comm`` fits with it.
+FRAMEWORK_SCHEME = {"torch": "ring", "jax": "ring", "paddle": "ring", "mxnet": "naive"}
 
 
 @dataclasses.dataclass
