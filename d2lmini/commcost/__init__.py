@@ -11,7 +11,7 @@ collective to time), one module per job; every name is also here, ``commcost.<na
 - ``nccl``: NCCL's own cost model (src/graph/tuning.cc) over published ``LINKS``:
   ``collective_time`` and the algorithm and protocol NCCL picks;
 - ``cards``: the GPU cards, one record each (``CARDS``, ``card``): peaks, link, server size,
-  network card, memory, the folder of their measured runs; ``cluster_of`` a card's servers;
+  network card, memory, the folder of their measured runs;
 - ``workload``: the book's models' FLOPs and gradient bytes (ResNet-18's and GPT-2's layer by
   layer; ``gpt2_units``, GPT-2's FSDP units), GPUs' peak rates (FP32, TF32, bfloat16);
 - ``measured``: one GPU's step read from the benchmark records (``load_step``,
@@ -21,7 +21,8 @@ collective to time), one module per job; every name is also here, ``commcost.<na
 - ``roofline``: the per-GPU batch above which a step is compute-bound at a card's peak
   (``roofline_batch``: FLOPs per byte sent against the card's FLOP/s per link byte/s), and
   FSDP's per layer (``layer_batches``);
-- ``hierarchy``: nodes of GPUs (``Cluster``): NCCL's model of a flat collective across nodes
+- ``hierarchy``: nodes of GPUs (``Cluster``; ``cluster_of``: a card's servers): NCCL's model
+  of a flat collective across nodes
   (``cluster_time``), and a step's collectives under flat DDP, flat FSDP and HSDP
   (``hierarchy_step``, ``hierarchy_rows``);
 - ``overlap``: whether measured step times show hidden communication (``overlap_verdict``);
@@ -47,7 +48,7 @@ from .nccl import (PROTOCOLS, NCCL_VERSION_READ, NCCL_SOURCE, NCCL_BASE_LATENCY_
                    NCCL_RING_PLATEAU, ALGORITHMS, NCCL_LL_MAX_BW, Link, nodes_of, nccl_latency,
                    tree_bandwidth, collective_time, nccl_choice, nccl_protocol, NODE_GPUS,
                    LINKS)
-from .cards import Card, CARDS, card, cluster_of, runs_of
+from .cards import Card, CARDS, card, runs_of
 from .workload import (LENET_SHAPES, Gpu, GPUS, gradient_bytes, lenet_flops, resnet18_flops,
                        resnet18_layer_costs, gpt2_units, gpt2_layer_costs, ASSUMED_UTILIZATION,
                        compute_time)
@@ -59,7 +60,7 @@ from .predict import (allreduce_table, DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES,
                       best_speedup, critical_batch, speedup_rows, speedup_table)
 from .roofline import (comm_seconds, roofline_batch, layer_batches, threshold_rows,
                        threshold_table, plot_compute_bound, gpus_of, link_label)
-from .hierarchy import (Cluster, AcrossNodes, H100_CLUSTER, cluster_latency, cluster_time, cluster_choice,
+from .hierarchy import (Cluster, AcrossNodes, H100_CLUSTER, cluster_of, cluster_latency, cluster_time, cluster_choice,
                         HIERARCHY_SCHEMES, hierarchy_collectives, hierarchy_step, hierarchy_rows,
                         hierarchy_table, plot_hierarchy)
 from .overlap import hidden_fraction, clearly_greater, overlap_verdict, overlap_report

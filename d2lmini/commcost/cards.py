@@ -5,7 +5,7 @@ A card's record holds what the cost model needs of it: its peak rates per numeri
 network card (one per GPU on the servers the book models), its memory bandwidth, and the
 folder of ``benchmarks/`` where its measured runs are (``None``: none yet).  Adding a card is
 one entry; the chapters name a card by its key (``cc.card("H100 SXM")``) and take everything
-else from the record.  Sources are the vendors' datasheets, named in each field's object.
+else from the record (its servers: ``hierarchy.cluster_of``).  Sources are the vendors' datasheets, named in each field's object.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from ..locations import records
 from .nccl import LINKS, NODE_GPUS, Link
 from .workload import GPUS, Gpu
 
-__all__ = ["Card", "CARDS", "card", "cluster_of", "runs_of"]
+__all__ = ["Card", "CARDS", "card", "runs_of"]
 
 
 @dataclass(frozen=True)
@@ -73,17 +73,3 @@ def runs_of(key: str):
         raise FileNotFoundError(f"no measured runs of the {key} are recorded yet "
                                 "(a GPU run writes them: make gpu-bench)")
     return records(c.runs)
-
-
-def cluster_of(key: str, **kw):
-    """Servers of the card's ``node_gpus`` GPUs on its link, one network card per GPU
-    (a :class:`.Cluster`; ``kw`` overrides its fields, e.g. ``nics_per_node=1``)."""
-    from .hierarchy import Cluster
-    c = card(key)
-    if c.nic is None:
-        raise ValueError(f"the {key} record has no network card: no cluster of it")
-    fields = dict(gpus_per_node=c.node_gpus, nics_per_node=c.node_gpus, **kw)
-    n, nics = fields["gpus_per_node"], fields["nics_per_node"]
-    name = (f"{key} servers: {n} GPUs on {c.link.name}, "
-            + (f"one {c.nic.name} card per GPU" if nics == n else f"{nics} {c.nic.name} cards a server"))
-    return Cluster(name, c.link, c.nic, **fields)

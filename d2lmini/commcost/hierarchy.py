@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .alphabeta import collective_coefficients
-from .cards import cluster_of
+from .cards import card
 from .nccl import (NCCL_BASE_LATENCY_US, NCCL_HW_LATENCY_US, NCCL_LL_MAX_BW,
                    NCCL_RING_EFFICIENCY, NCCL_RING_PLATEAU, NCCL_TREE_EFFICIENCY,
                    NCCL_TREE_LL_FACTOR, NCCL_TREE_LL128_FACTOR, NODE_GPUS, PROTOCOLS, Link,
@@ -88,6 +88,19 @@ class AcrossNodes:
         c = self.cluster
         return (f"{self.nodes} nodes of {c.gpus_per_node} GPUs, {c.nics_per_node} "
                 f"{c.inter.name} cards a node")
+
+
+def cluster_of(key: str, **kw):
+    """Servers of the card's ``node_gpus`` GPUs on its link, one network card per GPU
+    (a :class:`.Cluster`; ``kw`` overrides its fields, e.g. ``nics_per_node=1``)."""
+    c = card(key)
+    if c.nic is None:
+        raise ValueError(f"the {key} record has no network card: no cluster of it")
+    fields = dict(gpus_per_node=c.node_gpus, nics_per_node=c.node_gpus, **kw)
+    n, nics = fields["gpus_per_node"], fields["nics_per_node"]
+    name = (f"{key} servers: {n} GPUs on {c.link.name}, "
+            + (f"one {c.nic.name} card per GPU" if nics == n else f"{nics} {c.nic.name} cards a server"))
+    return Cluster(name, c.link, c.nic, **fields)
 
 
 H100_CLUSTER = cluster_of("H100 SXM")      # the card catalogue's (d2lmini.commcost.cards)
