@@ -186,3 +186,14 @@ def test_paddle_refuses_a_level_its_cpu_build_cannot_run(tmp_path):
         pytest.skip("this Paddle build has GPUs")
     assert r.returncode == 2 and "--level p_g_os needs GPUs" in r.stderr, r.stderr[-2000:]
     assert "use --level os" in r.stderr
+
+
+def test_the_sharded_recipes_copy_alone_blocks_are_the_dp_recipes():
+    """The sharded recipes carry the DP recipes' reader of Fashion-MNIST and printout word for
+    word (a fix made in one copy and not the others fails)."""
+    from test_recipes import _alone_functions
+    for fw in ("pytorch", "jax", "paddle"):
+        sharded = _alone_functions(SHARDED / f"{fw}_fsdp.py")[1]
+        dp = _alone_functions(CONCISE / f"{fw}_dp.py")[1]
+        for name in ("load_data", "report"):
+            assert sharded[name] == dp[name], f"{fw}_fsdp.py's {name} differs from {fw}_dp.py's"
