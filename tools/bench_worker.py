@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from d2lmini.frameworks import FRAMEWORKS
+from d2lmini.steptime import EPOCH, STEP
 from tools.notebooks import code_cells, read, run_cells
 from tools.bench_adapters import (ADAPTERS, Adapter, Case, bench_devices, counted,  # noqa: F401
                                   placement, torch_counted, xla_flops)
@@ -23,9 +24,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # batch already on the devices; the from-scratch train_step (and MXNet's concise one), which
 # split the host batch onto the devices themselves, with that split; launched ranks also
 # report the per-step time of their epochs, input pipeline inside, in fields of their own.
-STEP_SPAN = "step on device arrays"
+STEP_SPAN = STEP                        # d2lmini.steptime's spans, the one definition
 SPLIT_SPAN = "step with its split of the host batch onto the devices"
-EPOCH_SPAN = "epoch with input pipeline"
+EPOCH_SPAN = EPOCH
 BENCH_SCRIPT = ROOT / "tools" / "benchmark.py"   # what the launchers run, --bench-rank
 CONCISE_DIR = ROOT / "chapters" / "concise"
 NOTEBOOK = {f.key: f.notebook for f in FRAMEWORKS}      # d2lmini.frameworks

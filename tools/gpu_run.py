@@ -80,7 +80,6 @@ SNAPSHOT_IGNORE = (".git", ".venv", ".venv-*", "_build", ".gpu-carry", ".whl", "
                    ".ipynb_checkpoints", ".pytest_cache")
 FRAMEWORKS = manifest.KEYS                                # the book's order
 NOTEBOOK = {f.key: f.notebook for f in manifest.FRAMEWORKS}
-MODULES = {f.key: f.needs for f in manifest.FRAMEWORKS}
 ALIASES = manifest.ALIASES
 CHAPTERS = manifest.gpu_run_chapters()                   # the chapters with framework notebooks
 PROFILES = ("smoke", "cpu", "gpu")
