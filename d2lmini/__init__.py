@@ -10,7 +10,8 @@ Importing a backend prepares its framework first (simulated device count for JAX
 compatibility for MXNet, Paddle's logging side effect undone).
 """
 from .config import (PROFILES, DevicePlan, GPUBuildMissing, Profile, get_profile, host_has_gpu,
-                     num_simulated_devices, plan_devices, requested_devices)
+                     num_simulated_devices, plan_devices, requested_devices, settings,
+                     settings_line)
 from .data import (BatchIterator, DataError, FashionMNIST, TEXT_LABELS, calibration_batches,
                    find_data_dir,
                    get_fashion_mnist_labels, load_fashion_mnist)
@@ -26,7 +27,7 @@ __all__ = ["Accumulator", "Animator", "BatchIterator", "DataError", "DevicePlan"
            "Profile", "TEXT_LABELS", "Timer", "check_device_count", "find_data_dir",
            "get_fashion_mnist_labels", "get_profile", "host_has_gpu", "load_fashion_mnist",
            "num_simulated_devices", "resnet18_init", "resnet18_spec", "shard_slices",
-           "show_diff", "train_summary", "unified_diff", "evaluate_accuracy_with"]
+           "settings", "settings_line", "show_diff", "train_summary", "unified_diff", "evaluate_accuracy_with"]
 from .collectives import Transfer, chunk_slices, naive_schedule, ring_schedule, traffic
 
 __all__ += ["Transfer", "chunk_slices", "naive_schedule", "ring_schedule", "traffic"]

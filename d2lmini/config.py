@@ -22,7 +22,7 @@ __all__ = ["Profile", "PROFILES", "get_profile", "num_simulated_devices",
            "requested_devices", "MAX_DEVICES",
            "host_has_gpu", "DevicePlan", "GPUBuildMissing", "plan_devices", "device_plan",
            "reset_device_plans", "multi_device_profile", "exact_everywhere", "FastHP",
-           "GPTSize", "GPTHP"]
+           "GPTSize", "GPTHP", "settings", "settings_line"]
 
 DEFAULT_SIMULATED_DEVICES = 2
 
@@ -279,6 +279,35 @@ def get_profile(name: str | None = None) -> Profile:
         raise ValueError(
             f"unknown profile {name!r} (from D2LMINI_PROFILE?); choose one of "
             f"{', '.join(PROFILES)}") from None
+
+
+#: Fields of a settings section that are checks, not settings (``settings_line`` leaves them
+#: out: the page shows what a run uses, the checks stay out of sight).
+_CHECK_FIELDS = ("min_", "max_", "_tol", "expected_")
+
+
+def settings(section: str, profile: Profile | str | None = None):
+    """The sizes and hyper-parameters a chapter's notebooks run with on this machine: section
+    ``section`` (``"scratch"``, ``"concise"``, ``"comm"``, ``"sharded"``, ``"fastpath"``,
+    ``"scaling"``, ``"gpt"``) of the settings in force (the CPU or the GPU settings; the
+    environment variable ``D2LMINI_PROFILE`` picks others).  A notebook reads its sizes here
+    (``hp = d2lmini.settings("scratch")``, then ``hp.epochs``), so its visible cells never say
+    which settings are in force.  ``profile`` names other settings (``"gpu"``: what the GPU
+    runs use)."""
+    p = profile if isinstance(profile, Profile) else get_profile(profile)
+    names = [f.name for f in dataclasses.fields(p) if f.name not in ("name", "description")]
+    if section not in names:
+        raise ValueError(f"no settings section {section!r}; choose one of {', '.join(names)}")
+    hp = getattr(p, section)
+    if hp is None:
+        raise ValueError(f"the {p.name} settings have no {section!r} section")
+    return hp
+
+
+def settings_line(hp) -> str:
+    """``hp``'s settings on one line (``epochs=3, batch_size=256, ...``), checks left out."""
+    return ", ".join(f"{f.name}={getattr(hp, f.name)!r}" for f in dataclasses.fields(hp)
+                     if not any(c in f.name for c in _CHECK_FIELDS))
 
 
 #: The most devices a lesson is written for: one node of 8 GPUs.  A machine with more GPUs may

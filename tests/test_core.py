@@ -452,3 +452,14 @@ def test_import_d2lmini_loads_the_core_only_and_a_chapter_package_when_used():
 def d2lmini_chapter_modules():
     import d2lmini
     return d2lmini.CHAPTER_MODULES
+
+
+def test_settings_read_a_section_and_refuse_an_unknown_one():
+    import d2lmini
+    smoke = d2lmini.settings("scratch", "smoke")
+    assert smoke == d2lmini.PROFILES["smoke"].scratch
+    assert d2lmini.settings("concise", d2lmini.PROFILES["gpu"]) == d2lmini.PROFILES["gpu"].concise
+    line = d2lmini.settings_line(smoke)
+    assert f"epochs={smoke.epochs}" in line and "min_test_acc" not in line
+    with pytest.raises(ValueError, match="choose one of .*scratch"):
+        d2lmini.settings("scratchh")
