@@ -9,6 +9,7 @@ for ``display(Markdown(...))``.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -135,3 +136,77 @@ def comm_records(root: Path) -> list[dict]:
     recs = [r for r in (json.loads(path.read_text()) if path.is_file() else [])
             if r["profile"] != "smoke"]
     return sorted(recs, key=lambda r: (FRAMEWORKS.index(r["framework"]), r["devices"]))
+
+
+# ---------------------------------------------------------------- the overviews' results
+#: A proof line of a chapter's notebooks: k devices against one, and what it printed.
+_PROOF_LINE = re.compile(r"^(?!.*per-device BatchNorm)(?=.*k-device)(?=.*1-device).*: (True|False)$")
+
+
+def _cell(r: dict | None) -> str:
+    return f"{r['test_acc']:.3f} ({r['s_per_epoch']:.1f} s)" if r else "--"
+
+
+def overview_runs(root: Path, chapter: str, profile: str = "cpu") -> tuple[list[list], list[dict]]:
+    """One row per framework of a chapter's stored runs (``results.json``): the run on one
+    device, the run on k devices with the same global batch, and with twice the batch; each
+    as test accuracy (seconds per epoch).  Where a framework has several k-device tools, the
+    one also run with the larger batch stands for it.  Returns the rows and the records."""
+    recs = chapter_records(root, chapter, profile)
+    rows, used = [], []
+    for fw in FRAMEWORKS:
+        mine = [r for r in recs if r["framework"] == fw]
+        one = next((r for r in mine if r["devices"] == 1), None)
+        if one is None:
+            continue
+        many = [r for r in mine if r["devices"] > 1]
+        big = next((r for r in many if r["batch_size"] == 2 * one["batch_size"]), None)
+        same = [r for r in many if r["batch_size"] == one["batch_size"]
+                and r.get("epochs") == one.get("epochs")]
+        same = next((r for r in same if big is None or r["api"] == big["api"]),
+                    same[0] if same else None)
+        rows.append([NAMES[fw], _cell(one), _cell(same), _cell(big),
+                     (same or big or one)["api"]])
+        used += [r for r in (one, same, big) if r]
+    return rows, used
+
+
+def overview_proofs(root: Path, chapter: str) -> list[tuple[str, str]]:
+    """``(framework title, line)``: the first proof line (k devices against one device) each
+    of the chapter's framework notebooks printed in its stored outputs."""
+    from .frameworks import FRAMEWORKS as FWS
+    out = []
+    for f in FWS:
+        nb = json.loads((Path(root) / "chapters" / chapter / f"{f.notebook}.ipynb").read_text())
+        lines = [line.strip() for c in nb["cells"] if c["cell_type"] == "code"
+                 and "claim:exact" in c.get("metadata", {}).get("tags", [])
+                 for o in c.get("outputs", []) for line in "".join(o.get("text", "")).splitlines()]
+        first = next((line for line in lines if _PROOF_LINE.match(line)), None)
+        if first:
+            out.append((f.title, first))
+    return out
+
+
+def overview_results(root: Path, chapter: str, profile: str = "cpu") -> str:
+    """The results an overview opens its chapter with (``tools/overview_figures.py`` writes
+    it next to the page, which includes it): the stored runs, one device against k, where and
+    when they ran, and the line each notebook's proof printed."""
+    rows, used = overview_runs(root, chapter, profile)
+    if not used:
+        return ""
+    k = max(r["devices"] for r in used)
+    hw = sorted({_hardware(r["hardware"]) for r in used})
+    epochs = sorted({r.get("epochs") for r in used if r.get("epochs")})
+    header = ["framework", "1 device", f"{k} devices", f"{k} devices, 2x batch", f"{k}-device tool"]
+    if len({r[-1] for r in rows}) == 1:          # one tool (the chapter's own code): no column
+        header, rows = header[:-1], [r[:-1] for r in rows]
+    table = markdown(header, rows)
+    batch = sorted({r["batch_size"] for r in used})[0]
+    proofs = "\n".join(f"- {title}: `{' '.join(line.split())}`"
+                       for title, line in overview_proofs(root, chapter))
+    return (f"Test accuracy after {', '.join(map(str, epochs))} epochs (seconds per epoch) of "
+            f"the notebooks' stored runs, global batch {batch}: {'; '.join(hw)}, "
+            f"{dates(used)}. The {k} devices are simulated and share the CPU's cores, so they "
+            "show that k devices compute what one does, not a speed-up (speed: the Measured "
+            "Results page).\n\n"
+            + table + "\n\nWhat each notebook's proof printed:\n\n" + proofs + "\n")

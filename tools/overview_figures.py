@@ -1,5 +1,6 @@
 """Draw the figures the chapter overviews (Markdown pages, which run no code) open with, from
-d2lmini and the stored records, as deterministic SVG files next to the page.
+d2lmini and the stored records, as deterministic SVG files next to the page, and write the
+results they state (``results-table.md``, included by the page) from the stored runs.
 
     .venv/bin/python -m tools.overview_figures            # rewrites every figure
     .venv/bin/python -m tools.overview_figures --check    # exit 1 if one is out of date
@@ -32,6 +33,19 @@ def comm_scaling():
 FIGURES = {ROOT / "chapters" / "comm" / "scaling.svg": comm_scaling}
 
 
+def chapter_results(chapter: str):
+    """``<chapter>/index.md``'s results: the stored runs and proofs (``d2lmini.tables``)."""
+    def write() -> bytes:
+        from d2lmini import tables
+        return tables.overview_results(ROOT, chapter).encode()
+    return write
+
+
+#: The results fragments the overviews include (``{include} results-table.md``).
+RESULTS = {ROOT / "chapters" / ch / "results-table.md": chapter_results(ch)
+           for ch in ("scratch", "concise")}
+
+
 def svg(draw) -> bytes:
     """The figure ``draw()`` returns, as SVG bytes that depend on nothing but the drawing:
     text as paths, fixed ids, no date."""
@@ -49,8 +63,8 @@ def svg(draw) -> bytes:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     stale = []
-    for path, draw in FIGURES.items():
-        data = svg(draw)
+    for path, draw in [*FIGURES.items(), *RESULTS.items()]:
+        data = svg(draw) if path.suffix == ".svg" else draw()
         if "--check" in argv:
             if not path.is_file() or path.read_bytes() != data:
                 stale.append(path)
