@@ -1,7 +1,11 @@
 """The small GPT in PyTorch: :class:`GPT` (attention by ``F.scaled_dot_product_attention`` with
-``is_causal=True``, which picks a fused kernel on a GPU), :func:`canonical_init` and
-:func:`loss`.  The shapes and the canonical draw are :mod:`d2lmini.gpt.spec`'s."""
+``is_causal=True``, which picks a fused kernel, or ``attention="eager"``: softmax(q k^T /
+sqrt(d)) v written out, which keeps the (T x T) attention weights for the backward pass),
+:func:`canonical_init` and :func:`loss`.  The shapes and the canonical draw are
+:mod:`d2lmini.gpt.spec`'s."""
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -15,32 +19,42 @@ __all__ = ["GPT", "canonical_init", "loss"]
 class Block(nn.Module):
     """``x + attn(ln1(x))``, then ``x + mlp(ln2(x))``."""
 
-    def __init__(self, cfg: GPTConfig):
+    def __init__(self, cfg: GPTConfig, attention: str = "fused"):
         super().__init__()
+        if attention not in ("fused", "eager"):
+            raise ValueError(f"attention must be 'fused' or 'eager', got {attention!r}")
         d = cfg.width
-        self.heads = cfg.heads
+        self.heads, self.attention = cfg.heads, attention
         self.ln1, self.ln2 = nn.LayerNorm(d, eps=LN_EPS), nn.LayerNorm(d, eps=LN_EPS)
         self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        if attention == "eager":     # True above the diagonal: the future, masked out
+            self.register_buffer("mask", torch.ones(cfg.context, cfg.context, dtype=torch.bool)
+                                 .triu(1), persistent=False)
         self.fc, self.fc_proj = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
 
     def forward(self, x):
         B, T, d = x.shape
         q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
         q, k, v = (t.view(B, T, self.heads, d // self.heads).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)      # (B, heads, T, hd)
+        if self.attention == "fused":
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, heads, T, hd)
+        else:
+            s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])         # (B, heads, T, T)
+            y = s.masked_fill(self.mask[:T, :T], float("-inf")).softmax(dim=-1) @ v
         x = x + self.proj(y.transpose(1, 2).reshape(B, T, d))
         return x + self.fc_proj(F.gelu(self.fc(self.ln2(x))))           # exact (erf) GELU
 
 
 class GPT(nn.Module):
-    """Token ids ``(batch, T)``, T <= ``cfg.context`` -> logits ``(batch, T, vocab)``."""
+    """Token ids ``(batch, T)``, T <= ``cfg.context`` -> logits ``(batch, T, vocab)``.
+    ``attention``: ``"fused"`` (``F.scaled_dot_product_attention``) or ``"eager"``."""
 
-    def __init__(self, cfg: GPTConfig):
+    def __init__(self, cfg: GPTConfig, attention: str = "fused"):
         super().__init__()
         self.cfg = cfg
         self.wte = nn.Embedding(cfg.vocab, cfg.width)
         self.wpe = nn.Embedding(cfg.context, cfg.width)
-        self.h = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
+        self.h = nn.ModuleList(Block(cfg, attention) for _ in range(cfg.layers))
         self.lnf = nn.LayerNorm(cfg.width, eps=LN_EPS)
 
     def forward(self, idx):
