@@ -38,3 +38,25 @@ def test_the_communication_takeaway_is_what_the_predictions_say():
             assert sp["strong"][1] > 6
             continue
         assert 1 < sp["strong"][1] < 2 and 7 < sp["weak"][1] < 8 and not math.isnan(sp["weak"][1])
+
+
+def test_the_gpt_takeaway_is_what_the_formulas_say():
+    """gpt/index.md: GPT-2 small at the benchmark's 16 x 1,024 tokens per GPU, one step's
+    memory lever after lever (d2lmini.gpt.cost.memory_levers), as the takeaway states it."""
+    from d2lmini.config import get_profile
+    from d2lmini.gpt import GPT2_SMALL, cost
+    batch = get_profile("gpu").gpt.bench_batch
+    levers = list(cost.memory_levers(GPT2_SMALL, batch).values())
+    gib = lambda b: f"{b / cost.GIB:.1f}"
+    first, last = levers[0], levers[-1]
+    said = (f"Train GPT-2 small on {batch} sequences of {GPT2_SMALL.context:,} tokens per GPU and "
+            f"its\ntraining state, {gib(first['state'])} GiB, is the small part of a step: in "
+            f"float32 with eager attention the\nactivations take {gib(first['activations'])} GiB "
+            f"and the logits with their gradient {gib(first['logits'])} GiB, "
+            f"{gib(first['total'])} GiB in all. Fused\nattention, 16-bit activations, "
+            f"recomputation and a loss computed in pieces bring the step to\n"
+            f"{gib(last['total'])} GiB. ZeRO shards only the {gib(first['state'])} GiB.")
+    text = (ROOT / "chapters" / "gpt" / "index.md").read_text()
+    assert said in text, said
+    assert all(b["total"] < a["total"] for a, b in zip(levers, levers[1:]))
+    assert first["state"] < first["logits"] < first["activations"]

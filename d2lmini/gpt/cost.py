@@ -485,7 +485,8 @@ def step_memory_table(rows: dict) -> str:
                 for label, r in rows.items()])
 
 
-def plot_step_memory(rows: dict, ax=None, capacity: float | None = None):
+def plot_step_memory(rows: dict, ax=None, capacity: float | None = None,
+                     capacity_label: str = "the device's memory"):
     """``{label: step_memory(...)}`` as horizontal stacked bars in GiB (state, activations,
     logits), with a device's memory as a dotted line when ``capacity`` (bytes) is given.
     Returns the axes."""
@@ -500,7 +501,7 @@ def plot_step_memory(rows: dict, ax=None, capacity: float | None = None):
         ax.barh(labels, width, left=left, label=name)
         left = [a + b for a, b in zip(left, width)]
     if capacity:
-        ax.axvline(capacity / GIB, color="k", ls=":", lw=1)
+        ax.axvline(capacity / GIB, color="k", ls=":", lw=1, label=capacity_label)
     ax.invert_yaxis()
     ax.set(xlabel="GiB on one device")
     ax.legend(fontsize=8, loc="lower right")
