@@ -28,7 +28,8 @@ from ..commcost.workload import gpt2_units
 from .state import (STAGES, STAGE_NAMES, PARTS, SHARDED_PARTS, ALLCLOSE_ATOL, Precision,
                     FP32_ADAM, MIXED_ADAM, reduce_scatter_schedule, all_gather_schedule,
                     shard_sizes, state_bytes, bytes_per_parameter, zero_stage, step_traffic, table_counts,
-                    memory_rows, memory_ok, row_shard_elements, memory_table)
+                    memory_rows, memory_ok, row_shard_elements, memory_table,
+                    whole_tensor_shares)
 from .peak import (SCHEMES, scheme_stage, MLP_WIDTHS, layer_sizes, mlp_init,
                    peak_timeline, peak_parts, peak_bytes, peak_rows, peak_table, peak_ok,
                    peak_rss_bytes, max_abs_diff)
@@ -44,7 +45,7 @@ from .formulas import (per_parameter_table, traffic_table, peak_formula_table,
 from .lab import (proof_report, traffic_report, show_memory, show_peak, plot_peaks, peak_report,
                   train_precisions, accuracies_ok)
 
-__all__ = ["STAGES", "STAGE_NAMES", "SHARDED_PARTS", "PARTS", "Precision", "FP32_ADAM",
+__all__ = ["whole_tensor_shares", "STAGES", "STAGE_NAMES", "SHARDED_PARTS", "PARTS", "Precision", "FP32_ADAM",
            "MIXED_ADAM", "reduce_scatter_schedule", "all_gather_schedule", "shard_sizes",
            "state_bytes", "bytes_per_parameter", "zero_stage", "TRANSFORMER_RECOMPUTE",
            "transformer_activation_bytes", "step_traffic", "table_counts", "memory_rows",
