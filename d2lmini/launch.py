@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["LaunchError", "LaunchResult", "free_port", "run", "run_all", "read_rank_results",
-           "python", "maybe_fail", "failing"]
+           "python", "maybe_fail", "failing",
+           "default_timeout", "training_processes"]
 
 
 def python() -> str:
@@ -57,14 +58,16 @@ def _tail(text: str, lines: int = 60) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def run(cmd: list[str], timeout: float, env: dict | None = None, cwd: str | None = None,
-        echo: bool = False) -> LaunchResult:
-    """Run ``cmd`` (a launcher and its ranks) to completion or kill it after ``timeout`` s.
+def run(cmd: list[str], timeout: float | None = None, env: dict | None = None,
+        cwd: str | None = None, echo: bool = False) -> LaunchResult:
+    """Run ``cmd`` (a launcher and its ranks) to completion or kill it after ``timeout`` s
+    (None: :func:`default_timeout`, a last resort sized to the settings in force).
 
     ``env`` is added to the current environment.  Raises :class:`LaunchError` on a non-zero
     exit or a timeout, with the last lines of the combined output in the message.
     """
     import time
+    timeout = default_timeout() if timeout is None else timeout
     full_env = dict(os.environ)
     full_env.update({k: str(v) for k, v in (env or {}).items()})
     full_env.setdefault("PYTHONUNBUFFERED", "1")
@@ -93,17 +96,18 @@ def run(cmd: list[str], timeout: float, env: dict | None = None, cwd: str | None
     return LaunchResult(proc.returncode, out, seconds)
 
 
-def run_all(cmds: list[list[str]], timeout: float, envs: list[dict] | None = None,
+def run_all(cmds: list[list[str]], timeout: float | None = None, envs: list[dict] | None = None,
             cwd: str | None = None) -> list[LaunchResult]:
     """Run several commands at once -- e.g. one launcher per "node" -- and wait for all.
 
     Fail fast: as soon as one exits non-zero, the others are killed (a peer waiting for it
     in a rendezvous or collective would otherwise wait for its own timeout), and
     :class:`LaunchError` reports which command failed with the tail of its output.  On the
-    overall ``timeout`` every process group is killed.
+    overall ``timeout`` (None: :func:`default_timeout`) every process group is killed.
     """
     import tempfile
     import time
+    timeout = default_timeout() if timeout is None else timeout
     envs = envs or [{}] * len(cmds)
     logs = [tempfile.TemporaryFile(mode="w+") for _ in cmds]
     procs = []
@@ -209,3 +213,28 @@ def checks_main(lesson, proof, description: str, proof_help: str, argv=None) -> 
     parser.add_argument("--proof", default=None, help=proof_help)
     args = lesson.parse_args(argv, parser)
     lesson.main(args=args, work=proof if args.proof else None)
+
+
+# --------------------------------------------------------------------------------------------
+# What a lesson's launches default to (the settings in force are read here, out of the page)
+# --------------------------------------------------------------------------------------------
+
+def default_timeout() -> float:
+    """Seconds after which :func:`run` (and ``run_all``) kill a launched job when the caller
+    gives no ``timeout``: a last resort against a rank stuck outside any collective, sized to
+    the settings in force (10 min for the quick test settings, 30 min for the CPU's, 2 h for
+    the GPU's); the collectives' own timeouts end a job with a failed rank much sooner."""
+    from .config import get_profile
+    return {"smoke": 600.0, "cpu": 1800.0}.get(get_profile().name, 7200.0)
+
+
+def training_processes(k: int, divides=()) -> int:
+    """How many processes a lesson's launched training runs use on ``k`` devices: ``k``, at
+    least 2 (a lesson compares k >= 2 devices with one).  2 when a global batch in
+    ``divides`` is not a multiple of that count, and always 2 under the quick test settings
+    (their runs only exercise the code; with k = 8 they would take 8 processes' start-up)."""
+    from .config import get_profile
+    n = max(int(k), 2)
+    if get_profile().name == "smoke" or any(int(b) % n for b in divides):
+        return 2
+    return n

@@ -487,14 +487,14 @@ def worker_logs(log_dir) -> dict[str, str]:
     return {p.name: p.read_text(errors="replace") for p in sorted(d.glob("workerlog.*"), key=rank)}
 
 
-def run_launch(cmd: list[str], *, log_dir, timeout: float, env: dict | None = None,
+def run_launch(cmd: list[str], *, log_dir, timeout: float | None = None, env: dict | None = None,
                cwd: str | None = None, tail: int = 30):
     """:func:`d2lmini.launch.run` for a ``paddle.distributed.launch`` command.
 
     The launcher's own output shows the tail of only the *first* rank it saw fail, and that
     may be a rank that merely lost its peer.  On failure the :class:`LaunchError` raised here
     also carries the last ``tail`` lines of every rank's log from ``log_dir``, so the rank
-    that raised first is always visible.
+    that raised first is always visible.  ``timeout`` None: ``launch.default_timeout()``.
     """
     from .launch import LaunchError, run
     try:

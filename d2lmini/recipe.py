@@ -91,15 +91,19 @@ def report(args, epoch: int, loss: float, test_acc: float, devices: int,
     os.replace(tmp, args.out)
 
 
-def report_run(run: dict, framework: str, profile: str, results_file: str = "results.json") -> None:
+def report_run(run: dict, framework: str, profile=None, results_file: str = "results.json") -> None:
     """Print the one-line summary of a training run -- the same line in every concise
     notebook -- and, except under the ``smoke`` profile, record it in ``results_file``.
+
+    ``profile``: the settings' name, or the ``concise`` section the run used (its settings'
+    name is looked up), or None: the settings in force.
 
     ``run`` holds ``api, devices, batch_size, lr, epochs, test_acc, s_per_epoch,
     samples_per_s``::
 
         DDP/torchrun: 2 devices, batch 128, lr 0.05, 2 epochs: test accuracy 0.820, 11.5 s/epoch, 523 samples/s
     """
+    profile = _settings_name(profile)
     d, e = run["devices"], run["epochs"]
     print(f"{run['api']}: {d} device{'s' if d != 1 else ''}, batch {run['batch_size']}, "
           f"lr {run['lr']:g}, {e} epoch{'s' if e != 1 else ''}: test accuracy "
@@ -124,3 +128,39 @@ def accepted_knobs(check_knobs, knobs, device) -> tuple:
             return False
         return True
     return tuple(k for k in knobs if accepted(k))
+
+
+def _settings_name(profile) -> str:
+    """The name of the settings ``profile`` stands for: a name, a ``concise`` section (the
+    first settings that hold it, those in force first), or None (those in force)."""
+    from .config import PROFILES, get_profile
+    if profile is None or isinstance(profile, str):
+        return profile or get_profile().name
+    current = get_profile()
+    for p in (current, *PROFILES.values()):
+        if p.concise == profile:
+            return p.name
+    return current.name
+
+
+def size_args(hp, sep: str = "-", epochs: int | None = None) -> list[str]:
+    """The command-line options that give a training script the sizes of the concise
+    settings ``hp`` (``d2lmini.settings("concise")``): ``--epochs``, ``--width`` and, where the
+    settings take a subset of Fashion-MNIST, ``--train-samples`` and ``--test-samples``
+    (``sep="_"``: Paddle's scripts spell them ``--train_samples``).  The batch size and the
+    learning rate stay with the caller: they are what a lesson's runs vary (``epochs``: fewer
+    epochs than the settings')."""
+    args = ["--epochs", str(epochs or hp.epochs), "--width", str(hp.width)]
+    for name in ("train_samples", "test_samples"):
+        value = getattr(hp, name)
+        if value:
+            args += ["--" + name.replace("_", sep), str(value)]
+    return args
+
+
+def optional_runs() -> bool:
+    """Whether a concise notebook makes its optional training runs (the larger batch; JAX's
+    ``shard_map`` and ``pmap`` runs): always, except under the quick test settings, whose runs
+    only exercise code that the other runs exercise already."""
+    from .config import get_profile
+    return get_profile().name != "smoke"

@@ -277,12 +277,16 @@ def plot_ladder(records: Sequence[dict], where: str, ax=None):
     return ax
 
 
-def same_accuracy(fast: Sequence[float], base: Sequence[float], tol: float) -> dict:
+def same_accuracy(fast: Sequence[float], base: Sequence[float], tol: float | None = None) -> dict:
     """Whether runs with the fast path reach the float32 runs' accuracy: the gap between the
     means is at most the seeds' spread (the larger of the two settings' max - min) or ``tol``,
-    whichever is larger."""
+    whichever is larger.  ``tol`` None: the fast-path settings' own (``settings("fastpath")``,
+    which allow for 16-bit rounding and, in the quick settings, for runs near chance)."""
     if not fast or not base:
         raise ValueError("need at least one run of each setting")
+    if tol is None:
+        from .config import settings
+        tol = settings("fastpath").acc_tol
     gap = abs(statistics.mean(fast) - statistics.mean(base))
     spread = max(max(fast) - min(fast), max(base) - min(base))
     return {"gap": gap, "spread": spread, "bound": max(spread, tol),
