@@ -186,12 +186,18 @@ doctor:
 # On a GPU machine: the fast-path ladder, the step's shape T0 + B t, the epoch span and the
 # card's TF32/bf16 peaks, each framework in its own process (PyTorch and JAX at batches
 # 32,128,256: 165 s on one H200, 2026-11-27).  Without a GPU: STEP_BENCH_ARGS="--allow-cpu --quick".
+# Then the GPT chapter's step (tools/gpt_bench.py): tokens/s, MFU and peak memory at GPT-2
+# small shapes (16 x 1,024 tokens), float32 and bf16 (+ torch.compile), unconfirmed on GPU.
+# Without a GPU: GPT_BENCH_ARGS="--allow-cpu --quick".
 STEP_BENCH_ARGS ?=
 STEP_BENCH_OUT ?= benchmarks/gpu-bench/steps.json
+GPT_BENCH_ARGS ?= --profile gpu
+GPT_BENCH_OUT ?= benchmarks/gpu-bench/gpt.json
 .PHONY: gpu-bench
 gpu-bench:
-	@py="$(PY)"; command -v "$$py" >/dev/null || py="$(PYTHON)"; \
-	  $$py -m tools.step_bench --out $(STEP_BENCH_OUT) $(STEP_BENCH_ARGS)
+	@py="$(PY)"; command -v "$$py" >/dev/null || py="$(PYTHON)"; rc=0; \
+	  $$py -m tools.step_bench --out $(STEP_BENCH_OUT) $(STEP_BENCH_ARGS) || rc=1; \
+	  $$py -m tools.gpt_bench --out $(GPT_BENCH_OUT) $(GPT_BENCH_ARGS) || rc=1; exit $$rc
 
 # --- A GPU server without network: run what can run, write a report --------------------------
 # Any interpreter that holds the frameworks' GPU builds (and d2lmini, or nothing: the tool puts
