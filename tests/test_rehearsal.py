@@ -35,6 +35,14 @@ def test_a_rehearsal_matches_the_profile_and_clears_its_thresholds(path):
     assert rec["settings"] == settings, (
         f"{rec['notebook']}: the {rec['profile']} profile's {section} settings changed since "
         f"they were rehearsed; run make rehearse NB={rec['notebook']} again")
+    if "expected_val_loss" in rec["thresholds_at_the_run"]:   # a loss the settings state
+        target = now["expected_val_loss"]
+        assert target is not None, f"{rec['notebook']}: set expected_val_loss from the rehearsal"
+        for run in rec["runs"]:
+            assert abs(run["val_loss"] - target) <= rehearse.LOSS_ROUNDING, (
+                f"{rec['notebook']}: rehearsed validation loss {run['val_loss']:.4f}, the "
+                f"{rec['profile']} settings state {target}: set it from the rehearsal")
+        return
     for run in rec["runs"]:                     # the thresholds in force now, with the margin
         assert run["test_acc"] >= now["min_test_acc"] + rehearse.MARGIN, (
             f"{rec['notebook']}: {run} does not clear min_test_acc {now['min_test_acc']} by "
