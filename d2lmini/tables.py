@@ -210,3 +210,23 @@ def overview_results(root: Path, chapter: str, profile: str = "cpu") -> str:
             "show that k devices compute what one does, not a speed-up (speed: the Measured "
             "Results page).\n\n"
             + table + "\n\nWhat each notebook's proof printed:\n\n" + proofs + "\n")
+
+
+# ---------------------------------------------------------------- the GPT's step
+def gpt_steps(bench: dict) -> str:
+    """The GPT benchmark's records (``tools/gpt_bench.py``'s file): one row per framework and
+    numerics -- ms per step, tokens/s, MFU, peak memory where reported -- then what did not
+    run and why, and the shape, machine and date once, below."""
+    s = bench["settings"]
+    body = [[NAMES[r["framework"]], r["numerics"], f"{r['ms_median']:.1f}",
+             f"{r['tokens_per_s']:,.0f}", f"{r['mfu']:.1%}",
+             f"{r['peak_memory_bytes'] / 2**30:.2f}" if r.get("peak_memory_bytes") else "--"]
+            for r in sorted(bench["records"], key=lambda r: FRAMEWORKS.index(r["framework"]))]
+    left = [f"{NAMES[f['framework']]} {f.get('numerics', '')}: {f.get('error') or f.get('reason')}"
+            for f in bench["failures"]]
+    gpus = ", ".join(bench["hardware"]["gpus"]) or "no GPU"
+    return (markdown(["framework", "numerics", "ms/step", "tokens/s", "MFU", "peak GiB"], body)
+            + f"\n\nOne step of {s['batch']} x {s['context']} tokens, {s['layers']} layers of width "
+            f"{s['width']}, vocabulary {s['vocab']:,}; {bench['hardware']['cpu']} "
+            f"({bench['hardware']['cpu_cores']} cores), {gpus}, {bench['date'][:10]}."
+            + ("\n\nNot run: " + "; ".join(left) + "." if left else ""))
