@@ -10,6 +10,8 @@ length.  The output head shares the token embedding's parameter, which the top b
 """
 from __future__ import annotations
 
+import math
+
 from .. import _mxnet_compat
 
 _mxnet_compat.install()
@@ -20,7 +22,7 @@ from mxnet.gluon import nn  # noqa: E402
 
 from .spec import LN_EPS, GPTConfig, check_tokens, gpt_spec  # noqa: E402
 
-__all__ = ["GPT", "canonical_init", "loss"]
+__all__ = ["GPT", "AdamW", "canonical_init", "loss"]
 
 
 class Block(nn.HybridBlock):
@@ -47,8 +49,9 @@ class Block(nn.HybridBlock):
         s = F.batch_dot(q, k, transpose_b=True) * self.scale            # (B * nh, T, T)
         rows = F.contrib.arange_like(s, axis=1).reshape((-1, 1))
         cols = F.contrib.arange_like(s, axis=2).reshape((1, -1))
-        future = F.broadcast_like(F.expand_dims(F.broadcast_greater(cols, rows), 0), s)
-        s = F.where(future, F.ones_like(s) * float("-inf"), s)          # keys after the query
+        future = F.broadcast_greater(cols, rows)                         # (T, T): keys after the query
+        mask = F.where(future, F.ones_like(future) * float("-inf"), F.zeros_like(future))
+        s = F.broadcast_add(s, F.expand_dims(mask, 0))                   # -inf there, + 0 elsewhere
         y = F.batch_dot(F.softmax(s, axis=-1), v)                        # (B * nh, T, hd)
         y = y.reshape((-4, -1, nh, 0, 0)).transpose((0, 2, 1, 3)).reshape((0, 0, -3))
         x = x + self.proj(y)
@@ -127,3 +130,36 @@ def loss(net: GPT, x, y):
     logp = nd.log_softmax(logits, axis=-1)
     return -nd.pick(logp, y, axis=-1).mean()
 
+
+
+@mx.optimizer.register
+class AdamW(mx.optimizer.Optimizer):
+    """AdamW as ``torch.optim.AdamW`` computes it (decoupled weight decay, default 0.01, and
+    Adam's bias correction), registered as Gluon's ``'adamw'``: MXNet 1.9.1 registers no AdamW,
+    only the operator ``nd.contrib.adamw_update``, which has no bias correction.  The correction
+    is folded into the operator's arguments: with ``c1 = 1 - beta1^t``, ``c2 = 1 - beta2^t``,
+    ``lr sqrt(c2) / c1 * m / (sqrt(v) + eps sqrt(c2)) == lr (m / c1) / (sqrt(v / c2) + eps)``.
+    The operator takes its scalars as float32 (1e-7 relative off PyTorch's step in float64):
+    train with it, prove with plain SGD.  ``multi_precision=True`` keeps float32 master weights
+    of float16 ones (the base class's ``update_multi_precision``)."""
+
+    def __init__(self, learning_rate=0.001, beta1=0.9, beta2=0.999, epsilon=1e-8, wd=0.01,
+                 **kwargs):
+        super().__init__(learning_rate=learning_rate, wd=wd, **kwargs)
+        self.beta1, self.beta2, self.epsilon = beta1, beta2, epsilon
+
+    def create_state(self, index, weight):
+        return (nd.zeros(weight.shape, weight.context, dtype=weight.dtype),   # m
+                nd.zeros(weight.shape, weight.context, dtype=weight.dtype))   # v
+
+    def update(self, index, weight, grad, state):
+        self._update_count(index)
+        t = self._index_update_count[index]
+        c1, c2 = 1 - self.beta1 ** t, 1 - self.beta2 ** t
+        mean, var = state
+        rescale = nd.full((1,), self.rescale_grad, ctx=weight.context)    # float32 only
+        nd.contrib.adamw_update(weight, grad, mean, var, rescale, lr=math.sqrt(c2) / c1,
+                                eta=self._get_lr(index), wd=self._get_wd(index),
+                                beta1=self.beta1, beta2=self.beta2,
+                                epsilon=self.epsilon * math.sqrt(c2),
+                                clip_gradient=self.clip_gradient or -1, out=weight)
