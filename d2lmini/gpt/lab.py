@@ -104,3 +104,44 @@ def learned(run: dict, lesson: Lesson, margin: float = 0.15) -> bool:
     if not np.isfinite(run["val_loss"]) or run["val_loss"] >= uniform_loss(lesson.cfg) - 0.3:
         return False
     return lesson.expected_val_loss is None or run["val_loss"] <= lesson.expected_val_loss + margin
+
+
+#: AdamW steps of a lab's mixed-precision comparison: a bfloat16 run and its float32 twin from
+#: the same weights on the same batches.  A few: PyTorch emulates bfloat16 on a CPU without
+#: AVX-512 (5-12x slower than float32), and the first steps are where the loss moves most.
+PRECISION_STEPS = 20
+
+#: The largest difference, in nats per character, allowed between the losses of the bfloat16
+#: run and its float32 twin at any of their :func:`precision_steps` steps.  bfloat16 keeps 8
+#: bits of mantissa (a relative rounding of 2^-9); seen (PyTorch on the CPU, 2026-11-29):
+#: 7e-4 with the quick regression settings, 1.8e-3 with the CPU settings' model (AVX2 and
+#: AVX-512 alike), so 0.05 is a bound, not a fit; a float16 run without loss scaling, or a
+#: model computing in the wrong dtype, is off by far more.
+BF16_LOSS_TOL = 0.05
+
+
+def precision_steps(lesson: Lesson) -> int:
+    """AdamW steps of the mixed-precision comparison: :data:`PRECISION_STEPS`, or the run's
+    ``lesson.steps`` if fewer."""
+    return min(lesson.steps, PRECISION_STEPS)
+
+
+#: The training steps a lab takes under the CPU settings (profile ``cpu``) where its
+#: framework's step is too slow for ``lesson.steps`` within a notebook's 10 minutes on 8
+#: simulated devices, by framework (``d2l.FRAMEWORK``); every other setting, and every
+#: framework not listed, trains ``lesson.steps``.  Paddle 3.3.1: one step of the CPU settings'
+#: model (0.8 M parameters, 12 x 64 tokens) took 0.44 s on 8 simulated devices and 0.38 s on
+#: one, on a quiet 2-core machine (2026-11-29), several times that while other work shared
+#: the cores: 2,000 steps would take 15 minutes or more.
+CPU_LAB_STEPS = {"paddle": 500}
+
+
+def lab_steps(lesson: Lesson, framework: str, profile=None) -> int:
+    """The steps ``framework``'s lab trains with ``lesson``: ``lesson.steps``, or under the
+    CPU settings the fewer steps of :data:`CPU_LAB_STEPS` (default profile:
+    :func:`d2lmini.get_profile`'s).  A rehearsal's ``expected_val_loss`` is for
+    ``lesson.steps``: a shorter run is held by :func:`learned` to the uniform loss only
+    (pass it ``dataclasses.replace(lesson, expected_val_loss=None)``)."""
+    from ..config import get_profile
+    cap = CPU_LAB_STEPS.get(framework) if (profile or get_profile()).name == "cpu" else None
+    return lesson.steps if cap is None else min(lesson.steps, cap)

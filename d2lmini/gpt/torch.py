@@ -57,13 +57,17 @@ class GPT(nn.Module):
         self.h = nn.ModuleList(Block(cfg, attention) for _ in range(cfg.layers))
         self.lnf = nn.LayerNorm(cfg.width, eps=LN_EPS)
 
-    def forward(self, idx):
+    def hidden(self, idx):
+        """The final LayerNorm's output ``(batch, T, width)``: what the tied head multiplies."""
         check_tokens(self.cfg, idx.shape)
         pos = torch.arange(idx.shape[1], device=idx.device)
         x = self.wte(idx) + self.wpe(pos)
         for block in self.h:
             x = block(x)
-        return self.lnf(x) @ self.wte.weight.T                            # the tied head
+        return self.lnf(x)
+
+    def forward(self, idx):
+        return self.hidden(idx) @ self.wte.weight.T                       # the tied head
 
 
 def _tensor(net: GPT, name: str):
