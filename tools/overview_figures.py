@@ -33,14 +33,14 @@ def comm_scaling():
 def gpt_memory():
     """gpt/index.md: one GPU's step of GPT-2 small at the benchmark's batch, part by part
     (training state, activations, logits), lever after lever (the neutral page's
-    ``cost.memory_levers``), against an H100's memory."""
+    ``figures.memory_levers``), against an H100's memory."""
     from d2lmini.commcost import card
     from d2lmini.config import get_profile
-    from d2lmini.gpt import GPT2_SMALL, cost
+    from d2lmini.gpt import GPT2_SMALL, figures
     import matplotlib.pyplot as plt
     batch = get_profile("gpu").gpt.bench_batch
     fig, ax = plt.subplots(figsize=(8, 3.4))
-    cost.plot_step_memory(cost.memory_levers(GPT2_SMALL, batch), ax=ax,
+    figures.plot_step_memory(figures.memory_levers(GPT2_SMALL, batch), ax=ax,
                           capacity=card("H100 SXM").memory_bytes, capacity_label="an H100's 80 GB")
     ax.set_title(f"GPT-2 small, {batch} x {GPT2_SMALL.context:,} tokens per GPU: one step's "
                  "memory (formulas)", fontsize=9)
