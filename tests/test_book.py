@@ -8,6 +8,7 @@ import yaml
 
 from d2lmini.frameworks import FRAMEWORKS as ALL_FRAMEWORKS
 from helpers import ROOT
+from tools import manifest
 
 
 
@@ -91,7 +92,9 @@ def stored_run(cells) -> tuple[str | None, int | None]:
 
 #: Pages that run no lesson on devices: the results page prints records, a chapter's cost model
 #: predicts GPUs from published figures and stored records (no profile, no device count).
-RECORD_PAGES = {"chapters/comparison/results", "chapters/comm/model", "chapters/sharded/model"}
+#: Pages that run no devices: every chapter's neutral pages, and the results page.
+RECORD_PAGES = {f"{c.folder}/{stem}" for c in manifest.CHAPTERS for stem in c.neutral} | {
+    "chapters/comparison/results"}
 
 
 def test_every_notebook_stores_one_run_of_the_same_settings():
