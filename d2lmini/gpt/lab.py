@@ -132,8 +132,10 @@ def precision_steps(lesson: Lesson) -> int:
 #: framework not listed, trains ``lesson.steps``.  Paddle 3.3.1: one step of the CPU settings'
 #: model (0.8 M parameters, 12 x 64 tokens) took 0.44 s on 8 simulated devices and 0.38 s on
 #: one, on a quiet 2-core machine (2026-11-29), several times that while other work shared
-#: the cores: 2,000 steps would take 15 minutes or more.
-CPU_LAB_STEPS = {"paddle": 500}
+#: the cores: 2,000 steps would take 15 minutes or more.  MXNet 1.9.1: 0.34 s a step on 8
+#: simulated devices and 0.25 s on one with a light load (2026-11-29), 1.3-3.5 s on 8 while
+#: other work shared the cores: 2,000 steps would take 11 minutes at best.
+CPU_LAB_STEPS = {"paddle": 500, "mxnet": 500}
 
 
 def lab_steps(lesson: Lesson, framework: str, profile=None) -> int:
