@@ -84,9 +84,14 @@ class LabFits:
                         f"bytes per link)"))
         return "\n".join(lines)
 
-    def record(self, path, *, framework: str, devices: int, profile: str, **extra):
+    def record(self, path, *, framework: str, devices: int, profile: str | None = None,
+               **extra):
         """The sweep and its fits in the chapter's results file (:func:`record`; nothing under
-        the smoke profile), the framework's own fit under ``"framework"``."""
+        the smoke profile), the framework's own fit under ``"framework"``.  ``profile``: the
+        name of the settings in force unless given (the page need not name them)."""
+        if profile is None:
+            from ..config import get_profile
+            profile = get_profile().name
         return record(path, framework=framework, api=self.framework, devices=devices,
                       profile=profile, fits={("framework" if name == self.framework else name): f
                                              for name, f in self.fits.items()},
