@@ -52,13 +52,16 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """Token ids ``(batch, T)``, T <= ``cfg.context`` -> logits ``(batch, T, vocab)``."""
+    """Token ids ``(batch, T)``, T <= ``cfg.context`` -> logits ``(batch, T, vocab)``;
+    ``head=False``: the final LayerNorm's output ``(batch, T, width)`` instead, for a loss that
+    applies the tied head itself (``params['wte']['embedding']``), a chunk of positions at a
+    time."""
     cfg: GPTConfig
     dtype: object = jnp.float32
     fused: bool = False             # jax.nn.dot_product_attention (float32 softmax)
 
     @nn.compact
-    def __call__(self, idx):
+    def __call__(self, idx, head: bool = True):
         check_tokens(self.cfg, idx.shape)
         c, dt = self.cfg, self.dtype
         wte = nn.Embed(c.vocab, c.width, dtype=dt, param_dtype=dt, name="wte")
@@ -67,7 +70,7 @@ class GPT(nn.Module):
         for i in range(c.layers):
             x = Block(c, dt, self.fused, name=f"h_{i}")(x)
         x = nn.LayerNorm(epsilon=LN_EPS, dtype=dt, param_dtype=dt, name="lnf")(x)
-        return wte.attend(x)                                              # the tied head
+        return wte.attend(x) if head else x                               # the tied head
 
 
 def gpt(cfg: GPTConfig, dtype=jnp.float32, fused: bool = False) -> GPT:
