@@ -134,8 +134,12 @@ def precision_steps(lesson: Lesson) -> int:
 #: one, on a quiet 2-core machine (2026-11-29), several times that while other work shared
 #: the cores: 2,000 steps would take 15 minutes or more.  MXNet 1.9.1: 0.34 s a step on 8
 #: simulated devices and 0.25 s on one with a light load (2026-11-29), 1.3-3.5 s on 8 while
-#: other work shared the cores: 2,000 steps would take 11 minutes at best.
-CPU_LAB_STEPS = {"paddle": 500, "mxnet": 500}
+#: other work shared the cores: 2,000 steps would take 11 minutes at best.  JAX 0.10.2: 0.16 s of
+#: CPU a step on 8 simulated devices (0.14 s wall with a light load, 0.7 s while other work
+#: shared the cores; 2026-11-29): 2,000 steps take 5 minutes at best, and under a heavy load
+#: XLA's CPU collectives abort a step whose devices wait more than 40 s for one another (seen
+#: at a load of 30 on 2 cores).
+CPU_LAB_STEPS = {"paddle": 500, "mxnet": 500, "jax": 500}
 
 
 def lab_steps(lesson: Lesson, framework: str, profile=None) -> int:
