@@ -138,8 +138,10 @@ def precision_steps(lesson: Lesson) -> int:
 #: CPU a step on 8 simulated devices (0.14 s wall with a light load, 0.7 s while other work
 #: shared the cores; 2026-11-29): 2,000 steps take 5 minutes at best, and under a heavy load
 #: XLA's CPU collectives abort a step whose devices wait more than 40 s for one another (seen
-#: at a load of 30 on 2 cores).
-CPU_LAB_STEPS = {"paddle": 500, "mxnet": 500, "jax": 500}
+#: at a load of 30 on 2 cores).  PyTorch 2.13: 0.13 s of CPU a step on 8 simulated devices
+#: (2026-11-29): 2,000 steps take 4.5 minutes of CPU, but the stored run at a load of 30 on 2
+#: cores hit the 30-minute cell timeout after 290 s of CPU (a sixth of a core).
+CPU_LAB_STEPS = {"paddle": 500, "mxnet": 500, "jax": 500, "torch": 500}
 
 
 def lab_steps(lesson: Lesson, framework: str, profile=None) -> int:
