@@ -30,25 +30,28 @@ class Block(nn.Module):
     cfg: GPTConfig
     dtype: object = jnp.float32
     fused: bool = False
+    compute_dtype: object = None    # the matrix products' dtype (None: dtype)
 
     @nn.compact
     def __call__(self, x):
         B, T, d = x.shape
         nh, dt = self.cfg.heads, self.dtype
+        cd = self.compute_dtype or dt
         h = nn.LayerNorm(epsilon=LN_EPS, dtype=dt, param_dtype=dt, name="ln1")(x)
-        qkv = nn.Dense(3 * d, dtype=dt, param_dtype=dt, name="qkv")(h)
+        qkv = nn.Dense(3 * d, dtype=cd, param_dtype=dt, name="qkv")(h)
         q, k, v = (t.reshape(B, T, nh, d // nh) for t in jnp.split(qkv, 3, axis=-1))
         if self.fused:
             y = jax.nn.dot_product_attention(q, k, v, is_causal=True)
         else:
-            s = jnp.einsum("bthd,bshd->bhts", q, k) / np.sqrt(d // nh).astype(dt)
+            s = jnp.einsum("bthd,bshd->bhts", q, k) / np.sqrt(d // nh).astype(cd)
             s = jnp.where(jnp.tril(jnp.ones((T, T), bool)), s, jnp.finfo(s.dtype).min)
-            y = jnp.einsum("bhts,bshd->bthd", jax.nn.softmax(s, axis=-1), v)
+            a = jax.nn.softmax(s.astype(jnp.promote_types(cd, jnp.float32)), axis=-1)
+            y = jnp.einsum("bhts,bshd->bthd", a.astype(cd), v)
         y = y.reshape(B, T, d)
-        x = x + nn.Dense(d, dtype=dt, param_dtype=dt, name="proj")(y)
+        x = x + nn.Dense(d, dtype=cd, param_dtype=dt, name="proj")(y)      # the residual: dt
         h = nn.LayerNorm(epsilon=LN_EPS, dtype=dt, param_dtype=dt, name="ln2")(x)
-        h = nn.gelu(nn.Dense(4 * d, dtype=dt, param_dtype=dt, name="fc")(h), approximate=False)
-        return x + nn.Dense(d, dtype=dt, param_dtype=dt, name="fc_proj")(h)
+        h = nn.gelu(nn.Dense(4 * d, dtype=cd, param_dtype=dt, name="fc")(h), approximate=False)
+        return x + nn.Dense(d, dtype=cd, param_dtype=dt, name="fc_proj")(h)
 
 
 class GPT(nn.Module):
@@ -59,6 +62,7 @@ class GPT(nn.Module):
     cfg: GPTConfig
     dtype: object = jnp.float32
     fused: bool = False             # jax.nn.dot_product_attention (float32 softmax)
+    compute_dtype: object = None    # the matrix products' dtype (None: dtype)
 
     @nn.compact
     def __call__(self, idx, head: bool = True):
@@ -68,15 +72,23 @@ class GPT(nn.Module):
         wpe = nn.Embed(c.context, c.width, dtype=dt, param_dtype=dt, name="wpe")
         x = wte(idx) + wpe(jnp.arange(idx.shape[1]))
         for i in range(c.layers):
-            x = Block(c, dt, self.fused, name=f"h_{i}")(x)
+            x = Block(c, dt, self.fused, self.compute_dtype, name=f"h_{i}")(x)
         x = nn.LayerNorm(epsilon=LN_EPS, dtype=dt, param_dtype=dt, name="lnf")(x)
-        return wte.attend(x) if head else x                               # the tied head
+        if not head:
+            return x
+        if self.compute_dtype is None:
+            return wte.attend(x)                                          # the tied head
+        return x.astype(self.compute_dtype) @ wte.embedding.astype(self.compute_dtype).T
 
 
-def gpt(cfg: GPTConfig, dtype=jnp.float32, fused: bool = False) -> GPT:
+def gpt(cfg: GPTConfig, dtype=jnp.float32, fused: bool = False, compute_dtype=None) -> GPT:
     """The linen module; its parameters come from :func:`canonical_init`.  ``fused``: attention
-    by ``jax.nn.dot_product_attention`` (see the module docstring)."""
-    return GPT(cfg, dtype, fused)
+    by ``jax.nn.dot_product_attention`` (see the module docstring).  ``compute_dtype``
+    (``jnp.bfloat16``: mixed precision): the dtype of the matrix products -- every Dense layer's
+    ``dtype``, its kernel and input cast on the fly, and the tied head -- while the parameters
+    (``param_dtype``), embeddings, LayerNorms, the softmax and the residual stream stay in
+    ``dtype``, as PyTorch's autocast keeps them in float32."""
+    return GPT(cfg, dtype, fused, compute_dtype)
 
 
 _LAYER = {"ln1": "ln1", "ln2": "ln2", "attn.qkv": "qkv", "attn.proj": "proj", "mlp.fc": "fc",
