@@ -25,7 +25,8 @@ import dataclasses
 import math
 
 __all__ = ["RULES", "Policy", "POLICIES", "Summary", "Verdict", "scaled_lr", "lr_schedule",
-           "summarize", "verdicts", "plot_gaps", "schedule_table", "summary_table"]
+           "summarize", "verdicts", "plot_gaps", "schedule_table", "summary_table",
+           "hold_margin"]
 
 RULES = ("same", "linear", "sqrt")
 
@@ -218,3 +219,10 @@ def summary_table(summary: dict, S, policies=POLICIES) -> str:
     return markdown(["B", "k", "steps/epoch"] + [p.name for p in policies],
                     [[B, B // S.base_batch, S.train_samples // B]
                      + [cell(summary[B, p.name]) for p in policies] for B in S.batch_sizes])
+
+
+def hold_margin(S) -> float:
+    """The accuracy a larger batch may lose against the base batch and still *hold* it, in the
+    sweep's settings ``S`` (``d2lmini.settings("scaling")``): two points, 0.02, in every setting.
+    The batch-size page passes it to :func:`verdicts`."""
+    return S.hold_tol
