@@ -71,19 +71,37 @@ def test_every_notebook_carries_its_executed_outputs():
 DEVICE_ENTRY = re.compile(r"device\(type=|CpuDevice\(id=|\bcpu\(\d+\)|Place\(cpu\)")
 
 
-def stored_run(cells) -> tuple[str | None, int | None]:
-    """(profile, device count) that a notebook's setup cell printed when its outputs were
-    stored: the first output line naming a profile (``cpu: ...``) and the first list of
-    devices after it."""
+def settings_lines(section: str | None) -> dict[str, str]:
+    """``{printed line: settings name}``: what a Setup cell prints for each settings (profile)
+    -- ``d2lmini.settings_line`` of the chapter's section, or for the GPT labs the lines of
+    their lesson -- so that a stored output says which settings ran."""
+    import d2lmini
+    out = {}
+    for name, p in d2lmini.PROFILES.items():
+        hp = getattr(p, section, None) if section else None
+        if hp is None:
+            continue
+        out[d2lmini.settings_line(hp)] = name
+        if section == "gpt":
+            from d2lmini.gpt import lab
+            out[str(lab.lesson(p)).splitlines()[0]] = name
+    return out
+
+
+def stored_run(cells, section: str | None = None) -> tuple[str | None, int | None]:
+    """(settings, device count) that a notebook's setup printed when its outputs were stored:
+    the first output line that names settings (``cpu: ...``, or a line only those settings
+    print: :func:`settings_lines`) and the first list of devices."""
+    known = settings_lines(section)
     profile = count = None
     for c in cells:
         if c["cell_type"] != "code":
             continue
         for line in "".join("".join(o.get("text", "")) for o in c.get("outputs", [])).splitlines():
             m = re.match(r"(smoke|cpu|gpu): ", line)
-            if profile is None and m:
-                profile = m.group(1)
-            elif profile and count is None and line.startswith("[") and DEVICE_ENTRY.search(line):
+            if profile is None and (m or line.strip() in known):
+                profile = m.group(1) if m else known[line.strip()]
+            elif count is None and line.startswith("[") and DEVICE_ENTRY.search(line):
                 count = len(DEVICE_ENTRY.findall(line))
         if profile and count:
             break
@@ -109,7 +127,7 @@ def test_every_notebook_stores_one_run_of_the_same_settings():
         src = ROOT / f"{f}.ipynb"
         if not src.is_file() or f in RECORD_PAGES:
             continue
-        got = stored_run(json.loads(src.read_text())["cells"])
+        got = stored_run(json.loads(src.read_text())["cells"], manifest.chapter_of(src).profile)
         if got != ("cpu", STORED_DEVICES):
             problems.append(f"{f}: stored with (profile, devices) = {got} (re-run: "
                             f"D2LMINI_PROFILE=cpu D2LMINI_NUM_DEVICES={STORED_DEVICES} "
