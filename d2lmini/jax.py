@@ -85,8 +85,18 @@ def share_compiled_programs_across_cpu_devices() -> bool:
     return True
 
 
+#: Seconds a simulated CPU device waits for the others in a collective before XLA aborts the
+#: process (its default, 40 s, ended an 8-device run on a 2-core machine under load,
+#: 2026-11-29): simulated devices share the cores, so one may be descheduled that long.
+CPU_COLLECTIVE_TIMEOUT_S = 900
+
 if not nvidia_gpus():
     share_compiled_programs_across_cpu_devices()
+    if "xla_cpu_collective_call_terminate_timeout" not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = (
+            os.environ.get("XLA_FLAGS", "")
+            + f" --xla_cpu_collective_call_terminate_timeout_seconds={CPU_COLLECTIVE_TIMEOUT_S}"
+        ).strip()
 
 if exact_everywhere():
     # D2LMINI_EXACT=1: full float32 matrix products and deterministic GPU reductions for the
