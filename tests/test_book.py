@@ -253,7 +253,7 @@ def test_folded_blocks_render_folded(built_book):
     for nb in sorted(ROOT.glob("chapters/*/*.ipynb")):
         cells = json.loads(nb.read_text())["cells"]
         md = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
-        n = len(re.findall(r"^:{3,}\{dropdown\}", md, flags=re.M))
+        n = len(re.findall(r"^[ \t]*:{3,}\{dropdown\}", md, flags=re.M))
         page = (html / nb.relative_to(ROOT).with_suffix(".html")).read_text()
         shown = len(re.findall(r'<details class="[^"]*sd-dropdown', page))
         assert shown == n, f"{nb.name}: {n} dropdowns in the notebook, {shown} on the page"
