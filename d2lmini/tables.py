@@ -230,3 +230,11 @@ def gpt_steps(bench: dict) -> str:
             f"{s['width']}, vocabulary {s['vocab']:,}; {bench['hardware']['cpu']} "
             f"({bench['hardware']['cpu_cores']} cores), {gpus}, {bench['date'][:10]}."
             + ("\n\nNot run: " + "; ".join(left) + "." if left else ""))
+
+
+def gpt_records(root: Path) -> list[dict]:
+    """The GPT benchmark's stored files (``benchmarks/*/gpt.json``), those measured on GPUs
+    first, then the newest first."""
+    found = [json.loads(p.read_text()) for p in sorted((Path(root) / "benchmarks").glob("*/gpt.json"))]
+    found.sort(key=lambda b: b["date"], reverse=True)
+    return sorted(found, key=lambda b: not b["hardware"]["gpus"])     # stable: newest first

@@ -40,14 +40,27 @@ def test_the_communication_takeaway_is_what_the_predictions_say():
         assert 1 < sp["strong"][1] < 2 and 7 < sp["weak"][1] < 8 and not math.isnan(sp["weak"][1])
 
 
+@pytest.mark.parametrize("path", sorted(figures.RESULTS), ids=lambda p: p.parent.name)
+def test_an_overview_states_its_chapters_results_from_the_records(path):
+    """Each Data Parallelism overview includes the results its chapter's stored runs and
+    proofs give today: one device against k, accuracy and time, and the proofs' lines."""
+    want = figures.RESULTS[path]()
+    assert b"| PyTorch |" in want and b": True`" in want, want.decode()
+    assert path.is_file() and path.read_bytes() == want, \
+        f"{path.relative_to(ROOT)} is out of date: run python -m tools.overview_figures"
+    page = (path.parent / "index.md").read_text()
+    assert f"```{{include}} {path.name}\n```" in page, \
+        f"{path.parent.name}/index.md does not include {path.name}"
+
+
 def test_the_gpt_takeaway_is_what_the_formulas_say():
     """gpt/index.md: GPT-2 small at the benchmark's 16 x 1,024 tokens per GPU, one step's
-    memory lever after lever (d2lmini.gpt.cost.memory_levers), as the takeaway states it."""
+    memory lever after lever (d2lmini.gpt.figures.memory_levers), as the takeaway states it."""
     from d2lmini.config import get_profile
-    from d2lmini.gpt import GPT2_SMALL, cost
+    from d2lmini.gpt import GPT2_SMALL, figures
     batch = get_profile("gpu").gpt.bench_batch
-    levers = list(cost.memory_levers(GPT2_SMALL, batch).values())
-    gib = lambda b: f"{b / cost.GIB:.1f}"
+    levers = list(figures.memory_levers(GPT2_SMALL, batch).values())
+    gib = lambda b: f"{b / figures.GIB:.1f}"
     first, last = levers[0], levers[-1]
     said = (f"Train GPT-2 small on {batch} sequences of {GPT2_SMALL.context:,} tokens per GPU and "
             f"its\ntraining state, {gib(first['state'])} GiB, is the small part of a step: in "
