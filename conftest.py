@@ -137,11 +137,20 @@ if IPyNbFile is not None:
         #: :func:`setup_only_until`)
         until: int | None = None
 
+        #: whether this is a run at an explicit device count (k = 1, k = 8), not the default
+        at_count: bool = False
+
         def collect(self):
             items = list(super().collect())
             if self.until is not None:
                 for item in items[self.until + 1:]:
                     item.add_marker(pytest.mark.skip(reason=STAND_IN_REASON))
+            if self.at_count:
+                code = [c for c in json.loads(self.path.read_text())["cells"]
+                        if c["cell_type"] == "code"]
+                for item, cell in zip(items, code):
+                    if SAME_AT_EVERY_K in cell.get("metadata", {}).get("tags", []):
+                        item.add_marker(pytest.mark.skip(reason=SAME_AT_EVERY_K_REASON))
             return items
 
         def setup(self):
@@ -178,9 +187,18 @@ def pytest_collect_file(file_path, parent):
                 nb.env = {**({"D2LMINI_NUM_DEVICES": k} if k else {}),
                           **(avx2_caps() if avx2 else {})}
                 nb.until = setup_only_until(file_path, k)
+                nb.at_count = k is not None
                 out.append(nb)
     return out
 
+
+#: The cell tag of a cell whose computation does not depend on the device count (it uses one
+#: device whatever k is: the concise chapter's fast path): the runs at k = 1 and k = 8 skip
+#: it, since the default run computes it, cell for cell, against the same stored output.  A
+#: later cell must not need what it defines (tests/test_harness.py checks the tagged cells).
+SAME_AT_EVERY_K = "same-at-every-k"
+SAME_AT_EVERY_K_REASON = ("one device whatever k is: the default run computes this cell, the "
+                          "same program against the same stored output")
 
 STAND_IN_REASON = ("k = 1 in a lesson that compares k >= 2 devices with one: it runs on 2 "
                    "stand-ins, the k = 2 run's computation, which the default run checks")

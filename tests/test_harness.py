@@ -79,6 +79,43 @@ def test_at_one_device_a_lesson_needing_two_runs_its_setup_and_skips_the_repeat(
     assert harness.setup_only_until(concise[0], "8") is None
 
 
+def test_a_cell_the_same_at_every_k_runs_in_the_default_run_only(tmp_path):
+    """A cell tagged ``same-at-every-k`` (one device whatever k is) runs in the default run;
+    the runs at k = 1 and k = 8 skip it with the reason.  In the book, no later cell of such
+    a notebook reads a name only such a cell binds (a k = 8 run would fail on it)."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("x = 1"),
+                nbformat.v4.new_code_cell("raise SystemExit('the one-device cell ran')",
+                                          metadata={"tags": [harness.SAME_AT_EVERY_K]}),
+                nbformat.v4.new_code_cell("x")]
+    nbformat.write(nb, tmp_path / "nb.ipynb")
+    rc, out = run(tmp_path, "--device-counts", "8", "nb.ipynb", "-rs")
+    assert rc == 0 and "Cell 1 SKIPPED" in out and "Cell 2 PASSED" in out, out
+    assert harness.SAME_AT_EVERY_K_REASON in " ".join(out.split())
+    rc, out = run(tmp_path, "--device-counts", "default", "nb.ipynb")
+    assert rc != 0 and "Cell 1 FAILED" in out, out
+    import json
+    from test_book import _bound_and_loaded
+    tagged_notebooks = 0
+    for path in sorted((ROOT / "chapters").glob("*/*.ipynb")):
+        cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
+        only_skipped, seen = {}, set()
+        for i, c in enumerate(cells):
+            try:
+                bound, loaded = _bound_and_loaded("".join(c["source"]))
+            except SyntaxError:          # IPython magics: not Python, not checked
+                continue
+            if harness.SAME_AT_EVERY_K in c.get("metadata", {}).get("tags", []):
+                only_skipped.update({n: i for n in bound - seen})
+                continue
+            needs = sorted(n for n in loaded - bound if n in only_skipped and n not in seen)
+            assert not needs, f"{path.relative_to(ROOT)} code cell {i} reads {needs}, bound " \
+                              f"only in same-at-every-k cell(s) {[only_skipped[n] for n in needs]}"
+            seen |= bound
+        tagged_notebooks += bool(only_skipped)
+    assert tagged_notebooks >= 4, "the concise chapter's fast path is tagged same-at-every-k"
+
+
 def test_a_run_capped_at_avx2_reaches_the_kernel_and_its_launched_processes(tmp_path):
     """``@avx2`` starts the kernel with the caps, which the processes it starts inherit, and
     which d2lmini.hardware then reads as an AVX2 CPU; the other runs see no cap."""
