@@ -33,7 +33,6 @@ import argparse
 import datetime
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -246,23 +245,8 @@ def worker(fw: str, args) -> None:
 
 # ------------------------------------------------------------------ the driver
 def run_framework(fw: str, argv: list[str], timeout: float) -> list[dict]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-    env["D2LMINI_NUM_DEVICES"] = "1"
-    try:
-        p = subprocess.run([sys.executable, "-m", "tools.gpt_bench", "--worker", fw, *argv],
-                           capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
-    except subprocess.TimeoutExpired as e:
-        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-        return [json.loads(line[len(MARK):]) for line in out.splitlines() if line.startswith(MARK)] + [
-            {"kind": "failure", "framework": fw, "error": f"timed out after {timeout:.0f} s"}]
-    recs = [json.loads(line[len(MARK):]) for line in p.stdout.splitlines() if line.startswith(MARK)]
-    if p.returncode != 0:
-        tail = (p.stderr or p.stdout).strip().splitlines()[-1:] or ["?"]
-        recs.append({"kind": "failure", "framework": fw,
-                     "error": f"exit {p.returncode}: {tail[0][:400]}"})
-    return recs
+    from tools.step_bench import run_framework as run
+    return run(fw, argv, timeout, module="tools.gpt_bench", mark=MARK)
 
 
 SHAPE = ("layers", "width", "heads", "context", "vocab", "batch")

@@ -376,19 +376,23 @@ def fits_of(records: list[dict]) -> list[dict]:
     return out
 
 
-def run_framework(fw: str, argv: list[str], timeout: float) -> list[dict]:
+def run_framework(fw: str, argv: list[str], timeout: float, module: str = "tools.step_bench",
+                  mark: str = MARK) -> list[dict]:
+    """Run ``python -m <module> --worker <fw> <argv>`` on one device, in a process of its own,
+    and return the records it printed (lines starting with ``mark``), with a failure record
+    when it timed out or exited non-zero.  The GPT benchmark (``tools.gpt_bench``) uses it too."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
     env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     env["D2LMINI_NUM_DEVICES"] = "1"
     try:
-        p = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", fw, *argv],
+        p = subprocess.run([sys.executable, "-m", module, "--worker", fw, *argv],
                            capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
     except subprocess.TimeoutExpired as e:
         out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-        return [json.loads(l[len(MARK):]) for l in out.splitlines() if l.startswith(MARK)] + [
+        return [json.loads(l[len(mark):]) for l in out.splitlines() if l.startswith(mark)] + [
             {"kind": "failure", "framework": fw, "error": f"timed out after {timeout:.0f} s"}]
-    recs = [json.loads(l[len(MARK):]) for l in p.stdout.splitlines() if l.startswith(MARK)]
+    recs = [json.loads(l[len(mark):]) for l in p.stdout.splitlines() if l.startswith(mark)]
     if p.returncode != 0:
         tail = (p.stderr or p.stdout).strip().splitlines()[-1:] or ["?"]
         recs.append({"kind": "failure", "framework": fw, "error": f"exit {p.returncode}: {tail[0][:400]}"})
