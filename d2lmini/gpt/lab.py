@@ -124,32 +124,3 @@ def precision_steps(lesson: Lesson) -> int:
     """AdamW steps of the mixed-precision comparison: :data:`PRECISION_STEPS`, or the run's
     ``lesson.steps`` if fewer."""
     return min(lesson.steps, PRECISION_STEPS)
-
-
-#: The training steps a lab takes under the CPU settings (profile ``cpu``) where its
-#: framework's step is too slow for ``lesson.steps`` within a notebook's 10 minutes on 8
-#: simulated devices, by framework (``d2l.FRAMEWORK``); every other setting, and every
-#: framework not listed, trains ``lesson.steps``.  Paddle 3.3.1: one step of the CPU settings'
-#: model (0.8 M parameters, 12 x 64 tokens) took 0.44 s on 8 simulated devices and 0.38 s on
-#: one, on a quiet 2-core machine (2026-11-29), several times that while other work shared
-#: the cores: 2,000 steps would take 15 minutes or more.  MXNet 1.9.1: 0.34 s a step on 8
-#: simulated devices and 0.25 s on one with a light load (2026-11-29), 1.3-3.5 s on 8 while
-#: other work shared the cores: 2,000 steps would take 11 minutes at best.  JAX 0.10.2: 0.16 s of
-#: CPU a step on 8 simulated devices (0.14 s wall with a light load, 0.7 s while other work
-#: shared the cores; 2026-11-29): 2,000 steps take 5 minutes at best, and under a heavy load
-#: XLA's CPU collectives abort a step whose devices wait more than 40 s for one another (seen
-#: at a load of 30 on 2 cores).  PyTorch 2.13: 0.13 s of CPU a step on 8 simulated devices
-#: (2026-11-29): 2,000 steps take 4.5 minutes of CPU, but the stored run at a load of 30 on 2
-#: cores hit the 30-minute cell timeout after 290 s of CPU (a sixth of a core).
-CPU_LAB_STEPS = {"paddle": 500, "mxnet": 500, "jax": 500, "torch": 500}
-
-
-def lab_steps(lesson: Lesson, framework: str, profile=None) -> int:
-    """The steps ``framework``'s lab trains with ``lesson``: ``lesson.steps``, or under the
-    CPU settings the fewer steps of :data:`CPU_LAB_STEPS` (default profile:
-    :func:`d2lmini.get_profile`'s).  A rehearsal's ``expected_val_loss`` is for
-    ``lesson.steps``: a shorter run is held by :func:`learned` to the uniform loss only
-    (pass it ``dataclasses.replace(lesson, expected_val_loss=None)``)."""
-    from ..config import get_profile
-    cap = CPU_LAB_STEPS.get(framework) if (profile or get_profile()).name == "cpu" else None
-    return lesson.steps if cap is None else min(lesson.steps, cap)
