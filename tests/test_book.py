@@ -191,12 +191,59 @@ def _prose_budget():
     return prose_budget
 
 
-def test_every_page_keeps_its_visible_prose_within_the_budget():
+#: Pages still over PAGE_BUDGET: a lesson with an appendix inside it, whose appendix (code,
+#: outputs and folds) is still to move to an in-depth page of its chapter.  Strict: a page
+#: that fits must leave the list.
+OVER_BUDGET = {
+    **{f"chapters/{c}/{fw}.ipynb": "its appendix folds are still to move to an in-depth page"
+       for c in ("scratch", "concise", "sharded") for fw in ("pytorch", "jax", "paddle", "mxnet")},
+    "chapters/comm/model.ipynb": "its tree and bus-bandwidth folds are still to move",
+}
+
+
+def _page_params():
     pb = _prose_budget()
-    counts = {str(p.relative_to(ROOT)): pb.visible_words(p) for p in pb.pages()}
-    assert len(counts) == len(toc_files())
-    over = {p: n for p, n in counts.items() if n > pb.BUDGET}
-    assert not over, f"visible words above {pb.BUDGET} (fold deep dives into dropdowns): {over}"
+    for p in pb.pages():
+        why = OVER_BUDGET.get(str(p.relative_to(ROOT)))
+        yield pytest.param(p, id=str(p.relative_to(ROOT)),
+                           marks=[pytest.mark.xfail(reason=why, strict=True)] if why else [])
+
+
+@pytest.mark.parametrize("page", list(_page_params()))
+def test_a_page_is_written_for_the_reader_not_the_meter(page):
+    """What a reader reads on a page, every fold opened, generated tables and printed text
+    included, fits PAGE_BUDGET words; every folded block is worth opening (MIN_DROPDOWN
+    words; an exercise's answer may be short)."""
+    pb = _prose_budget()
+    words = pb.reader_words(page)
+    assert words <= pb.PAGE_BUDGET, f"{words} words to read > {pb.PAGE_BUDGET}: move the " \
+        "appendix (knobs, internals, ladders) to an in-depth page of the chapter"
+    small = [(t, n) for t, n in pb.dropdowns(page)
+             if n < pb.MIN_DROPDOWN and not t.startswith("Answer")]
+    assert not small, f"folded blocks under {pb.MIN_DROPDOWN} words (unfold them into the " \
+        f"page's prose, or cut): {small}"
+
+
+def test_the_reader_count_opens_folds_and_reads_outputs(tmp_path):
+    pb = _prose_budget()
+    md = "One two.\n:::{dropdown} Title\nthree four\n:::\n```python\nx = 1\n```\n"
+    cells = [{"cell_type": "markdown", "source": md, "metadata": {}},
+             {"cell_type": "code", "source": "print()", "metadata": {},
+              "outputs": [{"output_type": "stream", "name": "stdout", "text": "five six\n"}]},
+             {"cell_type": "code", "source": "print()", "metadata": {"tags": ["remove-cell"]},
+              "outputs": [{"output_type": "stream", "name": "stdout", "text": "hidden\n"}]},
+             {"cell_type": "code", "source": "t", "metadata": {}, "outputs": [
+                 {"output_type": "display_data", "metadata": {},
+                  "data": {"text/markdown": "| seven |", "text/plain": "<x>"}}]}]
+    nb = tmp_path / "page.ipynb"
+    nb.write_text(json.dumps({"cells": cells, "metadata": {}, "nbformat": 4,
+                              "nbformat_minor": 5}))
+    assert pb.reader_words(nb) == 8          # One two Title three four five six seven
+    assert pb.dropdowns(nb) == [("Title", 2)]
+    page = tmp_path / "index.md"
+    (tmp_path / "table.md").write_text("| eight | nine |\n")
+    page.write_text("Intro words.\n```{include} table.md\n```\n")
+    assert pb.reader_words(page) == 4
 
 
 def test_the_essentials_path_is_an_evening_and_the_intro_lists_it():

@@ -9,6 +9,13 @@ Counted: the markdown cells of a notebook (or a page's Markdown), outside fenced
 math blocks, HTML comments, and folded blocks -- a ``dropdown`` directive, or any directive
 with ``:class: dropdown`` (an admonition folded by sphinx-book-theme).  Inline code and
 inline math count as words, and so do the titles of folded blocks (a reader sees them).  tests/test_book.py holds every page to ``BUDGET`` words.
+
+What a reader reads on a page, folded blocks opened (``reader_words``): the prose, folded or
+not, the Markdown a page includes (``{include}``: the generated results tables), and the
+Markdown and text that its visible cells print -- at most ``PAGE_BUDGET`` words a page.  A
+folded block is worth opening: at least ``MIN_DROPDOWN`` words; a note shorter than that is a
+sentence of the page.  Pages over the budget are a lesson with an appendix inside it: the
+appendix goes to an in-depth page of its chapter (AUTHORING.md, *Pages*).
 """
 from __future__ import annotations
 
@@ -22,6 +29,8 @@ from tools import manifest
 ROOT = manifest.ROOT
 BUDGET = 2500
 ESSENTIALS_BUDGET = 8000
+PAGE_BUDGET = 4000          # words a reader reads on a page, folded blocks included
+MIN_DROPDOWN = 60           # words in a folded block
 # The Essentials path, in reading order (intro.md's "Two ways through the book" lists it).
 ESSENTIALS = manifest.essentials()
 WORD = re.compile(r"[A-Za-z0-9$`\\][\w'’.$`\\{}^-]*")
@@ -92,6 +101,97 @@ def pages() -> list[Path]:
     return found
 
 
+def _all_prose(markdown: str) -> str:
+    """``markdown`` without code and math blocks and comments, folded blocks kept."""
+    markdown = re.sub(r"<!--.*?-->", "", markdown, flags=re.S)
+    out, stack = [], []
+    for line in markdown.splitlines():
+        m = FENCE.match(line)
+        if stack and m and m.group(2) == stack[-1][0] and not m.group(3).strip():
+            stack.pop()
+            continue
+        if m and m.group(3).strip():
+            fence, info = m.group(2), m.group(3).strip()
+            directive = re.match(r"\{([\w:-]+)\}", info)
+            code = (fence.startswith("`") and not directive) or (directive and directive.group(1) in (
+                "code-cell", "code-block", "code", "math", "literalinclude", "framework-tabs",
+                "side-by-side", "include"))
+            if directive and not code and len(info) > len(directive.group(0)):
+                out.append(info[len(directive.group(0)):])
+            stack.append((fence, code or any(h for _, h in stack)))
+            continue
+        if not any(h for _, h in stack) and not line.lstrip().startswith(":"):
+            out.append(line)
+    return re.sub(r"\$\$.*?\$\$", " ", "\n".join(out), flags=re.S)
+
+
+def _included(path: Path, markdown: str) -> str:
+    """The Markdown files a page includes with ``{include}``, one after another."""
+    found = re.findall(r"^\s*(?:`{3,}|:{3,})\{include\}\s+(\S+\.md)\s*$", markdown, flags=re.M)
+    return "\n\n".join((path.parent / f).read_text() for f in found
+                         if (path.parent / f).is_file())
+
+
+def _printed(cell: dict) -> str:
+    """The Markdown and text a visible code cell shows (none for a removed cell or output)."""
+    tags = set(cell.get("metadata", {}).get("tags", []))
+    if tags & {"remove-cell", "remove-output"}:
+        return ""
+    out = []
+    for o in cell.get("outputs", []):
+        if o.get("output_type") == "stream" and o.get("name") == "stdout":
+            out.append("".join(o["text"]))
+        elif o.get("output_type") in ("display_data", "execute_result"):
+            data = o.get("data", {})
+            if "text/markdown" in data:
+                out.append(_all_prose("".join(data["text/markdown"])))
+            elif "text/html" not in data and "image/svg+xml" not in data \
+                    and "image/png" not in data and "text/plain" in data:
+                out.append("".join(data["text/plain"]))
+    return "\n".join(out)
+
+
+def reader_words(path: Path) -> int:
+    """Words a reader reads on the page with every folded block opened: prose, included
+    Markdown, and what the visible cells print (module docstring)."""
+    if path.suffix == ".ipynb":
+        nb = json.loads(path.read_text())
+        parts = [_all_prose("".join(c["source"])) if c["cell_type"] == "markdown"
+                 else _printed(c) for c in nb["cells"]]
+    else:
+        md = path.read_text()
+        parts = [_all_prose(md), _all_prose(_included(path, md))]
+    return len(WORD.findall("\n".join(parts)))
+
+
+def dropdowns(path: Path) -> list[tuple[str, int]]:
+    """``(title, words)`` of every folded block of the page's prose (a ``dropdown``, or a
+    directive with ``:class: dropdown``), nested ones counted in their own right."""
+    found, stack = [], []                 # stack: [fence, title or None, lines]
+    for line in page_markdown(path).splitlines():
+        m = FENCE.match(line)
+        if stack and m and m.group(2) == stack[-1][0] and not m.group(3).strip():
+            fence, title, body = stack.pop()
+            if title is not None:
+                found.append((title, len(WORD.findall(_all_prose("\n".join(body))))))
+            if stack:
+                stack[-1][2].extend(body)
+            continue
+        if m and m.group(3).strip():
+            info = m.group(3).strip()
+            directive = re.match(r"\{([\w:-]+)\}", info)
+            title = info[len(directive.group(0)):].strip() if directive else None
+            stack.append([m.group(2), title if directive and directive.group(1) == "dropdown"
+                          else None, []])
+            continue
+        if stack:
+            if re.match(r"\s*:class:.*\bdropdown\b", line) and stack[-1][1] is None \
+                    and not stack[-1][2]:
+                stack[-1][1] = "(folded)"
+            stack[-1][2].append(line)
+    return found
+
+
 def essentials_words() -> int:
     """Visible words of the Essentials path, start to end."""
     return sum(visible_words(ROOT / p) for p in ESSENTIALS)
@@ -100,12 +200,13 @@ def essentials_words() -> int:
 def main() -> int:
     over = 0
     for p in pages():
-        n = visible_words(p)
-        total = len(WORD.findall(page_markdown(p)))
-        flag = "  OVER" if n > BUDGET else ""
-        over += n > BUDGET
-        print(f"{n:6d} visible / {total:6d} all  {p.relative_to(ROOT)}{flag}")
-    print(f"budget {BUDGET} visible words a page; {over} page(s) over")
+        n, read = visible_words(p), reader_words(p)
+        small = [t for t, w in dropdowns(p) if w < MIN_DROPDOWN]
+        flag = ("  OVER" if n > BUDGET or read > PAGE_BUDGET else "") + \
+            (f"  {len(small)} dropdown(s) under {MIN_DROPDOWN} words" if small else "")
+        over += n > BUDGET or read > PAGE_BUDGET
+        print(f"{n:6d} visible / {read:6d} read  {p.relative_to(ROOT)}{flag}")
+    print(f"budget {BUDGET} visible words and {PAGE_BUDGET} read a page; {over} page(s) over")
     total = essentials_words()
     print(f"Essentials path ({len(ESSENTIALS)} pages): {total} visible words, budget "
           f"{ESSENTIALS_BUDGET}{'  OVER' if total > ESSENTIALS_BUDGET else ''}")
