@@ -12,7 +12,8 @@ from d2lmini import sharding as sh
 #: modules whose docstrings carry worked examples from published sources
 WORKED = ("d2lmini.sharding.state",        # the ZeRO paper's Figure 1
           "d2lmini.sharding.activations",  # Korthikanti et al.'s transformer activations
-          "d2lmini.commcost.roofline")     # the JAX scaling book's data-parallel threshold
+          "d2lmini.commcost.roofline",     # the JAX scaling book's data-parallel threshold
+          "d2lmini.gpt.cost")              # GPT-2 small's parameters, logits; ZeRO's Figure 1
 
 
 @pytest.mark.parametrize("name", WORKED)
