@@ -34,13 +34,21 @@ def train_step(net, trainer, X, y, devices):
     return nd.add_n(*(l.sum().as_in_context(devices[0]) for l in ls)) / len(y)  # no asscalar()
 
 
-def evaluate(net, data, device):
-    """Test accuracy of the model on `device`; outside autograd.record(), BatchNorm uses
-    its running statistics."""
-    correct = 0
+def evaluate(net, data, devices):
+    """Test accuracy of device 0's replica: its BatchNorm statistics go to every replica, and
+    every test batch is split over the devices like a training batch.  Outside
+    autograd.record(), BatchNorm uses its running statistics."""
+    for p in net.collect_params().values():
+        if p.grad_req == 'null':               # running statistics: device 0's, everywhere
+            p.set_data(p.data(devices[0]))
+    correct = []
     for X, y in BatchIterator(data.X_test, data.y_test, 256):
-        correct += d2l.accuracy(net(nd.array(X, ctx=device)), nd.array(y, ctx=device))
-    return correct / len(data.y_test)
+        n = min(len(y), len(devices))          # a last batch smaller than k: fewer devices
+        for Xs, ys in zip(gluon.utils.split_and_load(X, devices[:n], even_split=False),
+                          gluon.utils.split_and_load(y, devices[:n], even_split=False)):
+            correct.append((net(Xs).argmax(axis=1) == ys.astype('float32')).sum()
+                           .as_in_context(devices[0]))
+    return nd.add_n(*correct).asscalar() / len(data.y_test)      # one wait, at the end
 
 
 def main():
@@ -63,7 +71,7 @@ def main():
         losses = [train_step(net, trainer, X, y, devices) for X, y in batches]
         loss = nd.concat(*losses, dim=0).mean().asscalar()   # one wait, for the last step
         seconds = time.time() - start
-        recipe.report(args, epoch, loss, evaluate(net, data, devices[0]),
+        recipe.report(args, epoch, loss, evaluate(net, data, devices),
                       devices=k, framework=d2l.FRAMEWORK, seconds=seconds)
 
 

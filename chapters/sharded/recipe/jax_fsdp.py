@@ -40,20 +40,27 @@ def train_step(net, tx, state, X, y):
 
 
 @partial(jax.jit, static_argnums=0)
-def predict(net, variables, X):
-    """The classes predicted for the batch X, in inference mode (BatchNorm's running statistics)."""
-    return net.apply(variables, X, train=False).argmax(1)
+def count_correct(net, variables, X, y, valid):
+    """How many of the batch's valid rows the model classifies right, in inference mode
+    (BatchNorm's running statistics)."""
+    y_hat = net.apply(variables, X, train=False).argmax(1)
+    return ((y_hat == y) & valid).sum()
 
 
-def evaluate(net, state, X, y, device, batch_size=256):
-    """Accuracy on the whole test set (X, y), in inference mode, on `device` alone."""
-    variables = jax.device_put({'params': state['params'],
-                                'batch_stats': state['batch_stats']}, device)
+def evaluate(net, state, X, y, sharded, batch_size=256):
+    """Accuracy on the whole test set (X, y), every batch split over the k devices like a
+    training batch (the last one padded to a multiple of k, the padding not counted)."""
+    k = sharded.mesh.size
+    variables = {'params': state['params'], 'batch_stats': state['batch_stats']}
     correct = 0
     for i in range(0, len(y), batch_size):
-        y_hat = predict(net, variables, jax.device_put(X[i:i + batch_size], device))
-        correct += int((np.asarray(y_hat) == y[i:i + batch_size]).sum())
-    return correct / len(y)
+        Xb, yb = X[i:i + batch_size], y[i:i + batch_size].astype(np.int32)
+        pad = -len(yb) % k
+        valid = np.arange(len(yb) + pad) < len(yb)
+        Xb = np.concatenate([Xb, np.zeros((pad, *Xb.shape[1:]), Xb.dtype)])
+        yb = np.concatenate([yb, np.zeros(pad, yb.dtype)])
+        correct += count_correct(net, variables, *jax.device_put((Xb, yb, valid), sharded))
+    return int(correct) / len(y)      # one wait, at the end
 
 
 def fsdp_sharding(mesh, x):
@@ -115,7 +122,7 @@ def main():
             losses.append(loss)
         loss = np.mean(jax.device_get(losses))   # waits for the last step
         seconds = time.perf_counter() - start
-        test_acc = evaluate(net, state, data.X_test, data.y_test, devices[0])
+        test_acc = evaluate(net, state, data.X_test, data.y_test, sharded)
         recipe.report(args, epoch, float(loss), test_acc, devices=k,
                       framework=d2l.FRAMEWORK, seconds=seconds)
 
