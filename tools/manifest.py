@@ -128,10 +128,8 @@ CHAPTERS: tuple[Chapter, ...] = (
                 "The GPU settings' model (10.8 M parameters, 5,000 AdamW steps of 64 x 256 "
                 "tokens: about 5 PFLOP) would train for about 15 hours on 2 cores. Their "
                 "expected_val_loss is unset, so a GPU run is held to beating the uniform loss "
-                "by a margin only (gpt.lab.learned). The CPU settings' loss is not rehearsed "
-                "yet either: a rehearsal (tools.rehearse --profile cpu) timed out under load on "
-                "2026-11-29, and the labs train 500 of the settings' 2,000 steps on the CPU "
-                "(gpt.lab.CPU_LAB_STEPS), all four reaching 2.249 nats on 8 simulated devices.")}),
+                "by a margin only (gpt.lab.learned). The CPU settings' expected_val_loss comes "
+                "from a rehearsal (benchmarks/rehearsal/gpt-pytorch.json).")}),
     Chapter("comparison", "Comparison", labs=False, pages=("results", "batch-size", "cluster"),
             trains={"batch-size": "scaling"},
             not_rehearsed={"batch-size": (
