@@ -204,11 +204,6 @@ OVER_BUDGET = {
     "chapters/concise/jax.ipynb": APPENDIX,
     "chapters/concise/paddle.ipynb": APPENDIX,
     "chapters/concise/mxnet.ipynb": APPENDIX,
-    "chapters/sharded/pytorch.ipynb": APPENDIX,
-    "chapters/sharded/jax.ipynb": APPENDIX,
-    "chapters/sharded/paddle.ipynb": APPENDIX,
-    "chapters/sharded/mxnet.ipynb": APPENDIX,
-    "chapters/comm/model.ipynb": APPENDIX,
 }
 
 
