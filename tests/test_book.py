@@ -196,10 +196,6 @@ def _prose_budget():
 #: that fits must leave the list.
 APPENDIX = "its appendix (folds, knobs, internals) is still to cut or move to an in-depth page"
 OVER_BUDGET = {
-    "chapters/scratch/pytorch.ipynb": APPENDIX,
-    "chapters/scratch/jax.ipynb": APPENDIX,
-    "chapters/scratch/paddle.ipynb": APPENDIX,
-    "chapters/scratch/mxnet.ipynb": APPENDIX,
     "chapters/concise/pytorch.ipynb": APPENDIX,
     "chapters/concise/jax.ipynb": APPENDIX,
     "chapters/concise/paddle.ipynb": APPENDIX,
