@@ -85,3 +85,22 @@ def load_results(path) -> list[dict]:
     if not isinstance(data, list):
         raise ValueError(f"{p}: expected a JSON list of records")
     return data
+
+
+def check_scratch_runs(runs: list[dict], framework: str, results_file: str = "results.json") -> None:
+    """The from-scratch chapter's training runs (each with ``devices``, ``batch_size``, ``lr``,
+    ``test_acc``, ``s_per_epoch``): every one learned -- test accuracy above the settings'
+    ``min_test_acc`` -- and was timed; then, except under the quick test settings (the
+    regression tests must not rewrite the stored results), recorded in ``results_file``."""
+    from .config import get_profile
+    P = get_profile()
+    for r in runs:
+        if not (r["test_acc"] > P.scratch.min_test_acc and r["s_per_epoch"] > 0):
+            raise AssertionError(f"a run did not learn (min_test_acc {P.scratch.min_test_acc} "
+                                 f"of the {P.name} settings) or was not timed: {r}")
+    if P.name != "smoke":
+        for r in runs:
+            record_result(results_file, chapter="scratch", framework=framework, api="scratch",
+                          devices=r["devices"], profile=P.name, batch_size=r["batch_size"],
+                          s_per_epoch=r["s_per_epoch"], test_acc=r["test_acc"], lr=r["lr"],
+                          epochs=P.scratch.epochs)

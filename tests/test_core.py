@@ -271,6 +271,28 @@ def test_ring_schedule_computes_the_sum_and_its_traffic(k):
     assert naive["sent"][0] + naive["received"][0] == 2 * (k - 1) * n * 4
 
 
+@pytest.mark.parametrize("k", [2, 4, 8])
+def test_the_traffic_table_of_the_scratch_chapter_holds_for_lenet(k):
+    """The from-scratch labs' traffic table (LeNet's gradient, float32): device 0 of the naive
+    scheme sends and receives 2(k-1)N numbers, each ring device sends 2(k-1)/k N (within one
+    element per step), and both schemes send the same total."""
+    n = sum(int(np.prod(shape)) for shape in d2lmini.LENET_SHAPES)
+    naive = d2lmini.traffic(d2lmini.naive_schedule(k), n, k, 4)
+    ring = d2lmini.traffic(d2lmini.ring_schedule(k), n, k, 4)
+    assert naive["sent"][0] + naive["received"][0] == 2 * (k - 1) * n * 4
+    assert all(abs(s - 2 * (k - 1) / k * n * 4) <= 2 * (k - 1) * 4 for s in ring["sent"])
+    assert sum(naive["sent"]) == sum(ring["sent"])
+
+
+def test_scratch_runs_are_checked_and_kept_out_of_the_results_under_smoke(tmp_path, monkeypatch):
+    monkeypatch.setenv("D2LMINI_PROFILE", "smoke")
+    good = dict(devices=2, batch_size=64, lr=0.1, test_acc=0.99, s_per_epoch=1.0)
+    results.check_scratch_runs([good], "torch", results_file=str(tmp_path / "r.json"))
+    assert not (tmp_path / "r.json").exists()          # the tests never rewrite the records
+    with pytest.raises(AssertionError, match="did not learn"):
+        results.check_scratch_runs([dict(good, test_acc=0.0)], "torch")
+
+
 # --- results records ------------------------------------------------------------------------
 def test_record_result_replaces_matching_records(tmp_path):
     p = tmp_path / "r.json"
