@@ -59,8 +59,10 @@ def evaluate(net, state, X, y, sharded, batch_size=256):
         valid = np.arange(len(yb) + pad) < len(yb)
         Xb = np.concatenate([Xb, np.zeros((pad, *Xb.shape[1:]), Xb.dtype)])
         yb = np.concatenate([yb, np.zeros(pad, yb.dtype)])
-        correct += count_correct(net, variables, *jax.device_put((Xb, yb, valid), sharded))
-    return int(correct) / len(y)      # one wait, at the end
+        # int() waits for each batch: independent programs with collectives left in flight
+        # together can deadlock XLA's CPU devices in their all-reduces
+        correct += int(count_correct(net, variables, *jax.device_put((Xb, yb, valid), sharded)))
+    return correct / len(y)
 
 
 def fsdp_sharding(mesh, x):
