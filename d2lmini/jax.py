@@ -92,6 +92,11 @@ CPU_COLLECTIVE_TIMEOUT_S = 900
 
 if not nvidia_gpus():
     share_compiled_programs_across_cpu_devices()
+    # Simulated CPU devices: every dispatch waits for its result.  With JAX's asynchronous CPU
+    # dispatch, independent programs with collectives can be in flight together and the
+    # devices deadlock in their all-reduce rendezvous (jax-ml/jax#25861; seen here at 8
+    # devices in concise/jax's training loop and its recipe's evaluation, 2026-11-29).
+    jax.config.update("jax_cpu_enable_async_dispatch", False)
     if "xla_cpu_collective_call_terminate_timeout" not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = (
             os.environ.get("XLA_FLAGS", "")
