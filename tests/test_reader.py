@@ -38,9 +38,6 @@ PENDING = {
         "other sweep numbers than the stored run, so that the page's claims check failed (the "
         "base batch's seeds spread 1 point or less, the prose says more): its prose is to be "
         "re-derived from a new run"),
-    **{f"chapters/{nb}.ipynb": ("edited on branch pending/reader-notebooks; its re-execution "
-                                "(10-13 minutes on 2 cores) is still to run")
-       for nb in ("scratch/jax", "scratch/paddle", "concise/jax", "concise/paddle")},
 }
 
 
