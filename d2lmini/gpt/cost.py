@@ -3,11 +3,11 @@ block keeps for its backward pass, the logits' bytes, the training state per dev
 ZeRO stage, what a gradient all-reduce sends, and the model FLOPs utilisation (MFU).
 
 The chapter's neutral page (``chapters/gpt/model.ipynb``) shows these formulas (its tables and
-figures: :mod:`d2lmini.gpt.figures`); the four labs
+figures: ``d2lmini.gpt.figures``); the four labs
 measure the same quantities in their framework and compare.  Everything that is not specific
-to the GPT is reused: the training state per ZeRO stage is :func:`d2lmini.sharding.state_bytes`,
-Korthikanti et al.'s activation formula :func:`d2lmini.sharding.transformer_activation_bytes`,
-the FLOPs per token :func:`d2lmini.gpt.spec.flops_per_token`.
+to the GPT is reused: the training state per ZeRO stage is ``d2lmini.sharding.state_bytes``,
+Korthikanti et al.'s activation formula ``d2lmini.sharding.transformer_activation_bytes``,
+the FLOPs per token ``d2lmini.gpt.spec.flops_per_token``.
 
 Notation of the docstrings (Korthikanti et al.'s): s the sequence length (``cfg.context``),
 b the sequences of a batch, h the width, a the attention heads, L the layers, V the vocabulary.
@@ -38,7 +38,7 @@ def param_breakdown(cfg: GPTConfig) -> dict:
     so it has no entry of its own; ``attention`` is every block's qkv and proj weights and
     biases (``4 h^2 + 4 h`` a block), ``MLP`` the fc and proj (``8 h^2 + 5 h``), ``LayerNorm``
     the two of every block and the final one (``(4 L + 2) h``).  The total is
-    :func:`d2lmini.gpt.param_count` with the position embedding.  GPT-2 small with nanoGPT's
+    ``d2lmini.gpt.param_count`` with the position embedding.  GPT-2 small with nanoGPT's
     padded vocabulary of 50,304 tokens and 1,024 positions has 124,475,904 parameters
     (124,439,808 with GPT-2's own 50,257 tokens, the count Karpathy's nanoGPT README quotes as
     124 M):
@@ -140,7 +140,7 @@ def block_activation_elements(cfg: GPTConfig, batch: int, *, attention: str = "e
 
 def korthikanti_bytes(cfg: GPTConfig, batch: int, recompute: str = "none") -> float:
     """Korthikanti et al.'s activation bytes of *one* block (16-bit activations, with dropout;
-    :func:`d2lmini.sharding.transformer_activation_bytes` with ``layers=1``) on ``batch``
+    ``d2lmini.sharding.transformer_activation_bytes`` with ``layers=1``) on ``batch``
     sequences of ``cfg.context`` tokens: ``s b h (34 + 5 a s / h)``; ``recompute="selective"``
     (attention's ``s^2`` tensors recomputed) ``34 s b h``; ``"full"`` ``2 s b h``.  Times
     ``cfg.layers`` for the model.  The paper's GPT-3 example (s = 2,048, h = 12,288, a = 96):
@@ -182,8 +182,8 @@ def logits_bytes(cfg: GPTConfig, batch: int, *, itemsize: int = 4, with_grad: bo
 
 def state_bytes(cfg: GPTConfig, k: int, stage, precision: Precision = FP32_ADAM) -> list[dict]:
     """Bytes of parameters, gradients and AdamW state (m and v) each of ``k`` devices keeps
-    between steps at ZeRO ``stage`` (0-3 or a name, :func:`d2lmini.sharding.zero_stage`):
-    :func:`d2lmini.sharding.state_bytes` of :func:`d2lmini.gpt.param_count` (position
+    between steps at ZeRO ``stage`` (0-3 or a name, ``d2lmini.sharding.zero_stage``):
+    ``d2lmini.sharding.state_bytes`` of ``d2lmini.gpt.param_count`` (position
     embedding included: it is held and updated).  One dict per device, ``{'params', 'grads',
     'optimizer', 'total'}``.  GPT-2 small with float32 AdamW needs 16 bytes a parameter,
     1.99 GB on one device; the ZeRO paper's example (Rajbhandari et al. 2020, figure 1: 7.5 B
@@ -205,7 +205,7 @@ def grad_bytes(cfg: GPTConfig, itemsize: int = 4) -> int:
     """Bytes of the gradient one data-parallel all-reduce sums (its payload): one value per
     parameter, the tied head's gradient added into the token embedding's.  What each device
     *sends* in a ring all-reduce is ``2 (k - 1) / k`` times this (its time over a link:
-    :func:`d2lmini.commcost.collective_time`).
+    ``d2lmini.commcost.collective_time``).
 
     >>> from d2lmini.gpt import GPT2_SMALL
     >>> from d2lmini.gpt.cost import grad_bytes
@@ -220,7 +220,7 @@ def mfu(tokens_per_s: float, cfg: GPTConfig, peak_flops: float,
         context: int | None = None) -> float:
     """Model FLOPs utilisation (Chowdhery et al. 2022, PaLM, appendix B): the model FLOPs a
     second of training performs, ``tokens_per_s * flops_per_token``, over the device's peak
-    FLOP/s.  :func:`d2lmini.gpt.flops_per_token`'s convention is PaLM's ``6 N + 12 L H Q T``
+    FLOP/s.  ``d2lmini.gpt.flops_per_token``'s convention is PaLM's ``6 N + 12 L H Q T``
     per token (H Q = h, T = ``context``, default ``cfg.context``) with nanoGPT's N: every
     parameter but the position embedding, the tied head counted once; a multiply-add is 2
     FLOPs; recomputation is not counted (that is the "model" in MFU).  GPT-2 small at 1,024
