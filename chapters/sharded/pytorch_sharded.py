@@ -36,6 +36,7 @@ import datetime
 import gc
 import json
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -283,6 +284,19 @@ class LayerMoments:
             layer.register_forward_pre_hook(self._before(l))
 
     def read(self):
+        """A reading once it holds still: a buffer handed to a gloo collective is released by
+        gloo's worker thread a moment after the collective completes, so a reading taken
+        while that thread waits for a core would count it. Read again, 2 ms apart, until two
+        readings agree (at most 50 times)."""
+        now = self._read()
+        for _ in range(50):
+            time.sleep(0.002)
+            now, before = self._read(), now
+            if now == before:
+                break
+        return now
+
+    def _read(self):
         snap = self.tracker.get_tracker_snapshot().get(self.device, {})
         return {"total": int(snap.get("Total", 0) - snap.get(_FSDPRefType.REDUCE_SCATTER, 0)),
                 "gathered": int(snap.get(_FSDPRefType.UNSHARDED_PARAM, 0)),
@@ -384,8 +398,9 @@ def _knobs(X, y, n_global, device, world, accum) -> dict:
         out["reduce_diff"] = sh.max_abs_diff(computed["param_dtype=reduce_dtype=bfloat16"],
                                              computed["param_dtype=bfloat16"]) / scale
     # prefetching: FSDP2's defaults, one and two layers ahead, explicitly; the least of three
-    # runs, moment by moment: now and then a buffer prefetched in the backward pass outlives its
-    # layer's moment by one reading (we have not found why). The backward pass's plan (which
+    # runs, moment by moment, of readings that have held still (LayerMoments.read: gloo's
+    # worker thread drops a finished collective's buffers a moment late, on a busy machine
+    # after the next reading). The backward pass's plan (which
     # layer each layer's backward gathers ahead) is recorded too: it does not depend on timing.
     out["backward_plan"] = {}
     for depth in (None, 1, 2):
