@@ -1,17 +1,18 @@
 """pytest set-up for the whole repository: every notebook at several device counts in one run,
 and the run spread over worker processes (``make test``; see README, "Tests").
 
-``--device-counts default,1,8`` collects each notebook once per count. ``default`` is the
-notebook as the environment gives it (``D2LMINI_NUM_DEVICES`` unset: 2 simulated devices on a
-CPU machine); a number ``k`` starts that notebook's kernel with ``D2LMINI_NUM_DEVICES=k`` and
+``--device-counts 8,1`` collects each notebook once per count. ``default`` is the notebook as
+the environment gives it (``D2LMINI_NUM_DEVICES`` unset: 2 simulated devices on a CPU
+machine); a number ``k`` starts that notebook's kernel with ``D2LMINI_NUM_DEVICES=k`` and
 names its items ``chapters/<ch>/<fw>.ipynb[k=8]::Cell 3``. Nothing else changes: the same
-cells, the same nbval comparisons, the same sanitizers as three separate pytest runs.
+cells, the same nbval comparisons, the same sanitizers as separate pytest runs, except that
+a cell tagged ``same-at-every-k`` runs in the first run listed only (:data:`SAME_AT_EVERY_K`).
 
 A count followed by ``@avx2`` (``default@avx2``, ``8@avx2``) runs that notebook with the CPU's
 instructions capped at AVX2 (``d2lmini.hardware.AVX2_CAPS``: oneDNN's and PyTorch's own
 kernels, and what the notebooks read of the CPU), its items named ``<fw>.ipynb[avx2]`` or
 ``<fw>.ipynb[k=8,avx2]``: on a CPU with AVX-512 the run takes the path an AVX2-only CPU takes,
-and its stored outputs must pass there too (``make test`` caps the default count).
+and its stored outputs must pass there too (``make test``: ``8@avx2,1``).
 
 Under pytest-xdist (``-n N --dist loadfile``) a notebook at one device count is one unit of
 work (its cells share one kernel, in order), and so is a test file (its module fixtures are
@@ -137,15 +138,16 @@ if IPyNbFile is not None:
         #: :func:`setup_only_until`)
         until: int | None = None
 
-        #: whether this is a run at an explicit device count (k = 1, k = 8), not the default
-        at_count: bool = False
+        #: whether this is the first run of ``--device-counts``, the one that computes the
+        #: cells tagged :data:`SAME_AT_EVERY_K`
+        primary: bool = True
 
         def collect(self):
             items = list(super().collect())
             if self.until is not None:
                 for item in items[self.until + 1:]:
                     item.add_marker(pytest.mark.skip(reason=STAND_IN_REASON))
-            if self.at_count:
+            if not self.primary:
                 code = [c for c in json.loads(self.path.read_text())["cells"]
                         if c["cell_type"] == "code"]
                 for item, cell in zip(items, code):
@@ -177,8 +179,8 @@ def pytest_collect_file(file_path, parent):
         if type(node) is not IPyNbFile:
             out.append(node)
             continue
-        for k, avx2 in runs:
-            if k is None and not avx2:
+        for i, (k, avx2) in enumerate(runs):
+            if k is None and not avx2 and i == 0:
                 out.append(node)
             else:
                 name = run_name(file_path.name, k, avx2)
@@ -187,29 +189,30 @@ def pytest_collect_file(file_path, parent):
                 nb.env = {**({"D2LMINI_NUM_DEVICES": k} if k else {}),
                           **(avx2_caps() if avx2 else {})}
                 nb.until = setup_only_until(file_path, k)
-                nb.at_count = k is not None
+                nb.primary = i == 0
                 out.append(nb)
     return out
 
 
 #: The cell tag of a cell whose computation does not depend on the device count (it uses one
-#: device whatever k is: the concise chapter's fast path): the runs at k = 1 and k = 8 skip
-#: it, since the default run computes it, cell for cell, against the same stored output.  A
-#: later cell must not need what it defines (tests/test_harness.py checks the tagged cells).
+#: device whatever k is: the concise chapter's fast path): only the first run of
+#: ``--device-counts`` computes it (``make test``: k = 8, capped at AVX2); the others skip it,
+#: since it would be the same program against the same stored output.  A later cell must not
+#: need what it defines (tests/test_harness.py checks the tagged cells).
 SAME_AT_EVERY_K = "same-at-every-k"
-SAME_AT_EVERY_K_REASON = ("one device whatever k is: the default run computes this cell, the "
-                          "same program against the same stored output")
+SAME_AT_EVERY_K_REASON = ("one device whatever k is: the first run of --device-counts computes "
+                          "this cell, the same program against the same stored output")
 
 STAND_IN_REASON = ("k = 1 in a lesson that compares k >= 2 devices with one: it runs on 2 "
-                   "stand-ins, the k = 2 run's computation, which the default run checks")
+                   "stand-ins; the lesson itself is checked by the runs at more devices")
 
 
 def setup_only_until(path: Path, count: str | None) -> int | None:
     """For a notebook that asks for at least 2 devices (``try_all_gpus(at_least=2)``: the
     concise chapter) at k = 1, the index of the code cell that asks: the run checks that the
-    lesson starts on 2 stand-ins with its note, and skips the rest, which would repeat the
-    k = 2 run's computation cell for cell (the same programs, the same stored outputs; about
-    a tenth of make test's work).  None otherwise: every cell runs."""
+    lesson starts on 2 stand-ins with its note, and skips the rest, the lesson at k = 2,
+    which ``make test``'s run at k = 8 checks with more devices (about a tenth of make test's
+    work).  None otherwise: every cell runs."""
     if count != "1":
         return None
     cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
