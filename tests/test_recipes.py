@@ -52,18 +52,23 @@ def run(fw, script, k, tmp_path, extra=()):
 
 
 @pytest.mark.parametrize("fw", FRAMEWORKS)
-def test_the_data_parallel_script_on_one_device_is_the_one_device_script(fw, tmp_path):
+def test_the_data_parallel_and_fast_scripts_on_one_device_are_the_one_device_script(fw, tmp_path):
+    """On one device ``<fw>_dp.py`` computes what ``<fw>_one.py`` computes, and so does
+    ``<fw>_fast.py --knobs ''``: the fast path adds settings, nothing else (the diff the chapter
+    shows is the whole difference)."""
     r1, out1, log1 = run(fw, f"{fw}_one.py", 1, tmp_path)
     assert r1.returncode == 0, log1[-3000:]
-    rk, outk, logk = run(fw, f"{fw}_dp.py", 1, tmp_path)
-    assert rk.returncode == 0, logk[-3000:]
-    one, dp = json.loads(out1.read_text()), json.loads(outk.read_text())
-    assert len(one["loss"]) == len(dp["loss"]) == 2 and one["devices"] == dp["devices"] == 1
-    # the same weights, batches and arithmetic: the same losses (to float32 printing) and
-    # the same test accuracy
-    assert dp["loss"] == pytest.approx(one["loss"], rel=1e-5, abs=1e-6), (one, dp)
-    assert dp["test_acc"] == one["test_acc"]
-    assert "epoch 2: loss" in log1
+    one = json.loads(out1.read_text())
+    assert len(one["loss"]) == 2 and one["devices"] == 1 and "epoch 2: loss" in log1
+    for script, extra in ((f"{fw}_dp.py", ()), (f"{fw}_fast.py", ["--knobs="])):
+        r, out, log = run(fw, script, 1, tmp_path, extra=extra)
+        assert r.returncode == 0, log[-3000:]
+        other = json.loads(out.read_text())
+        assert len(other["loss"]) == 2 and other["devices"] == 1, (script, other)
+        # the same weights, batches and arithmetic: the same losses (to float32 printing) and
+        # the same test accuracy
+        assert other["loss"] == pytest.approx(one["loss"], rel=1e-5, abs=1e-6), (script, one, other)
+        assert other["test_acc"] == one["test_acc"], (script, one, other)
 
 
 @pytest.mark.parametrize("fw", FRAMEWORKS)
@@ -72,19 +77,6 @@ def test_an_uneven_global_batch_is_refused(fw, tmp_path):
     assert r.returncode != 0
     assert "not divisible" in log
     assert not out.exists()
-
-
-@pytest.mark.parametrize("fw", FRAMEWORKS)
-def test_the_fast_script_without_knobs_is_the_one_device_script(fw, tmp_path):
-    """``<fw>_fast.py --knobs ''`` computes what ``<fw>_one.py`` computes: the fast path adds
-    settings, nothing else (the diff the chapter shows is the whole difference)."""
-    r1, out1, log1 = run(fw, f"{fw}_one.py", 1, tmp_path)
-    assert r1.returncode == 0, log1[-3000:]
-    rf, outf, logf = run(fw, f"{fw}_fast.py", 1, tmp_path, extra=["--knobs="])
-    assert rf.returncode == 0, logf[-3000:]
-    one, fast = json.loads(out1.read_text()), json.loads(outf.read_text())
-    assert fast["loss"] == pytest.approx(one["loss"], rel=1e-5, abs=1e-6), (one, fast)
-    assert fast["test_acc"] == one["test_acc"]
 
 
 def test_a_knob_the_recipe_does_not_know_is_refused(tmp_path):
