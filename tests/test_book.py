@@ -75,13 +75,16 @@ def settings_lines(section: str | None) -> dict[str, str]:
     """``{printed line: settings name}``: what a Setup cell prints for each settings (profile)
     -- ``d2lmini.settings_line`` of the chapter's section, or for the GPT labs the lines of
     their lesson -- so that a stored output says which settings ran."""
+    import dataclasses
     import d2lmini
     out = {}
     for name, p in d2lmini.PROFILES.items():
-        hp = getattr(p, section, None) if section else None
-        if hp is None:
-            continue
-        out[d2lmini.settings_line(hp)] = name
+        # a chapter without settings of its own (the comparison chapter): any section's
+        # (the batch-size page prints the scaling sweep's)
+        sections = [section] if section else [f.name for f in dataclasses.fields(p)]
+        for hp in (getattr(p, sec, None) for sec in sections):
+            if dataclasses.is_dataclass(hp):
+                out[d2lmini.settings_line(hp)] = name
         if section == "gpt":
             from d2lmini.gpt import lab
             out[str(lab.lesson(p)).splitlines()[0]] = name

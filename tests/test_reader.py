@@ -32,13 +32,7 @@ PROFILE_TEXT = re.compile(r"stored outputs, <=|min a notebook|regression tests:"
 
 #: Pages whose changes for these rules are written but wait for a re-execution, with where
 #: they are.  Strict: once a page passes, its entry must go.
-PENDING = {
-    "chapters/comparison/batch-size.ipynb": (
-        "edited on branch pending/batch-size; its re-execution on 2026-11-29 (18 minutes) gave "
-        "other sweep numbers than the stored run, so that the page's claims check failed (the "
-        "base batch's seeds spread 1 point or less, the prose says more): its prose is to be "
-        "re-derived from a new run"),
-}
+PENDING: dict[str, str] = {}
 
 
 def _param(p):
