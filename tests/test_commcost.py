@@ -352,10 +352,12 @@ def test_fit_per_k_and_the_precision_of_what_is_printed():
     assert cc.fit_rows(rows, "ring").median_rel_error > per[4].median_rel_error
     assert cc.sig(737.4) == "740" and cc.sig(0.4812) == "0.48" and cc.sig(99.96) == "100"
     assert cc.sig(12345) == "12,000" and cc.sig(5.55, 1) == "6"
-    assert cc.fmt_bytes(715_800) == "720 kB" and cc.fmt_bytes(1_431_600) == "1.4 MB"
+    assert cc.fmt_bytes(715_800) == "700 KiB" and cc.fmt_bytes(1_431_600) == "1.4 MiB"
+    assert cc.fmt_bytes(2**25) == "32 MiB" and cc.fmt_bytes(3 * 2**30) == "3.0 GiB"
     assert cc.fmt_bytes(32) == "32 B" and cc.fmt_seconds(7.4e-4) == "740 us"
     assert cc.fmt_seconds(0.0131) == "13 ms" and cc.fmt_seconds(2.5) == "2.5 s"
-    assert cc.fmt_seconds(0.0009996) == "1.0 ms" and cc.fmt_bytes(999_700) == "1.0 MB"   # no "1,000 us"
+    assert cc.fmt_seconds(0.0009996) == "1.0 ms" and cc.fmt_bytes(999_700) == "980 KiB"   # no "1,000 us"
+    assert cc.fmt_bytes(1_048_000) == "1.0 MiB" and cc.fmt_bytes(0) == "0 B"       # no "1,000 KiB"
 
 
 def test_busbw_only_for_bandwidth_optimal_schemes_and_per_byte_moved():

@@ -100,7 +100,7 @@ def overlap(batch: int, width: int, steps: int) -> dict:
     # variant makes it huge too, so that it is one bucket, all-reduced after backward
     huge = int(10 * model_mb) + 100
     for name, cap, last in (("DataParallel, small buckets", max(1, round(model_mb / 8)), 1),
-                            ("DataParallel, default buckets (25 MB)", 25, 1),
+                            ("DataParallel, default buckets (25 MiB)", 25, 1),
                             ("DataParallel, one huge bucket", huge, huge)):
         dp = paddle.DataParallel(net(), comm_buffer_size=cap, last_comm_buffer_size=last)
         calls[name] = make_step(dp, dp.parameters(), X, y)

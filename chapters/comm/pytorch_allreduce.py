@@ -94,7 +94,7 @@ def overlap(batch: int, width: int, steps: int) -> dict:
              "all-reduce after backward": make_step(
                  plain_after, X, y, after=allreduce_after_backward(list(plain_after.parameters())))}
     model_mb = grad_bytes / 2**20
-    for name, cap in (("DDP, small buckets", model_mb / 8), ("DDP, default buckets (25 MB)", 25),
+    for name, cap in (("DDP, small buckets", model_mb / 8), ("DDP, default buckets (25 MiB)", 25),
                       ("DDP, one huge bucket", 10 * model_mb + 100)):
         calls[name] = make_step(DDP(net(), bucket_cap_mb=cap), X, y)
         out[name + " bucket_cap_mb"] = cap

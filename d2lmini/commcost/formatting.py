@@ -15,10 +15,11 @@ def sig(x: float, digits: int = 2) -> str:
 
 
 def fmt_bytes(n: float, digits: int = 2) -> str:
-    """A size in bytes with SI prefixes to ``digits`` significant figures: '720 kB', '1.4 MB'."""
-    n = float(sig(n, digits).replace(",", "")) if n else 0.0       # round first, then the unit
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(n) >= scale:
+    """A size in bytes with binary prefixes to ``digits`` significant figures, as the book
+    writes sizes everywhere (buffers, buckets, parameters: 2**20 bytes is 1 MiB):
+    '700 KiB', '1.4 MiB', '32 MiB'. Rates stay decimal (GB/s), as NCCL reports them."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n and float(sig(abs(n) / scale, digits).replace(",", "")) >= 1:   # rounded, then the unit
             return f"{sig(n / scale, digits)} {unit}"
     return f"{sig(n, digits)} B"
 

@@ -14,7 +14,7 @@ from .nccl import LINKS, Link, collective_time, nccl_protocol
 
 
 # PyTorch DDP's default bucket: bucket_cap_mb=25 (MiB).  Paddle's DataParallel also
-# defaults to comm_buffer_size=25 (MB).
+# defaults to comm_buffer_size=25 (MiB).
 DDP_BUCKET_BYTES = 25 * 2**20
 # After its first iteration DDP rebuilds its buckets in the order backward produced the
 # gradients, the first of them capped at 1 MiB (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES).
