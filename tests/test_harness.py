@@ -169,9 +169,17 @@ def test_the_harness_runs_without_pytest_xdist(tmp_path):
 
 @pytest.mark.parametrize("bad", ["9", "0", "two", "1,1", "8@avx1", "8,8@avx2"])
 def test_a_bad_device_count_is_a_usage_error(tmp_path, bad):
-    notebook(tmp_path / "nb.ipynb", "8 42\n")
-    rc, out = run(tmp_path, "--device-counts", bad, "--collect-only", "nb.ipynb")
-    assert rc == 4 and "--device-counts" in out, out
+    """Each bad value is refused by the option's parser (in this process); one of them also
+    through a whole pytest run, which stops with a usage error (exit code 4)."""
+    class Config:
+        def getoption(self, name, default=None):
+            return bad
+    with pytest.raises(pytest.UsageError, match="--device-counts"):
+        harness.device_counts(Config())
+    if bad == "9":
+        notebook(tmp_path / "nb.ipynb", "8 42\n")
+        rc, out = run(tmp_path, "--device-counts", bad, "--collect-only", "nb.ipynb")
+        assert rc == 4 and "--device-counts" in out, out
 
 
 def test_units_are_notebooks_at_a_count_test_files_and_the_book():
