@@ -1,6 +1,7 @@
-"""DDP's knobs, as chapters/concise/ddp_checks.py measures them for the concise PyTorch notebook
-("DDP's Knobs"): one 2-process torchrun job on the CPU (gloo), a ResNet-18 of width 16 (its
-2,807,720 bytes of gradients are more than DDP's 1 MiB first bucket), four SGD steps per setting.
+"""DDP's knobs, as chapters/concise/ddp_checks.py measures them for the concise chapter's page
+"DDP's Knobs, Measured" (ddp-knobs.ipynb): one 2-process torchrun job on the CPU (gloo), a
+ResNet-18 of width 16 (its 2,807,720 bytes of gradients are more than DDP's 1 MiB first
+bucket), four SGD steps per setting.
 
 What must hold whatever the machine's speed:
 

@@ -99,7 +99,8 @@ CHAPTERS: tuple[Chapter, ...] = (
                 runs="[{key: r[key] for key in ('devices', 'batch_size', 'lr', 'test_acc')}"
                      " for r in (run_1, run_k, run_big)]",
                 thresholds={"min_test_acc": "P.scratch.min_test_acc"})}),
-    Chapter("concise", "Data Parallelism", profile="concise", essentials=True, gpu_run=True,
+    Chapter("concise", "Data Parallelism", pages=("ddp-knobs",), profile="concise",
+            essentials=True, gpu_run=True,
             trains={"labs": "concise"},
             not_rehearsed={"labs": (
                 "ResNet-18 at width 64 on all 60,000 images for 3 epochs is ~490 TFLOP per "
