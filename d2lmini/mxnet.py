@@ -29,7 +29,7 @@ _mxnet_compat.install()
 
 import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402
-from mxnet import nd  # noqa: E402
+from mxnet import autograd, nd  # noqa: E402
 from mxnet.gluon import nn  # noqa: E402
 
 from .config import device_plan  # noqa: E402
@@ -235,6 +235,55 @@ def resnet18(num_classes: int = 10, in_channels: int = 1, width: int = 64,
     net.add(nn.GlobalAvgPool2D(), nn.Dense(num_classes))
     return net
 
+
+
+# ------------------------------------------------- cross-device BatchNorm, written in Gluon
+def batch_norm_over_shards(bn, shards):
+    """Training-mode BatchNorm ``bn`` on k shards with the statistics of their union.
+
+    The concise MXNet lab's proof (k devices == 1 device) uses it where Gluon's
+    ``SyncBatchNorm`` deadlocks, on CPU contexts: each shard's per-channel sums are copied to
+    one device, added, and the mean copied back (then the same for the variance). Autograd
+    records the copies, so the backward pass returns every shard's share of the statistics'
+    gradient to its device. The layer's own parameters and float32 constants are used."""
+    home = shards[0].context
+    count = sum(Xs.size // Xs.shape[1] for Xs in shards)           # samples x positions
+    per_channel = lambda t: t.reshape((1, -1, 1, 1))  # noqa: E731
+    total = lambda parts: nd.add_n(*[p.as_in_context(home) for p in parts])  # noqa: E731
+    mean = total([Xs.sum(axis=(0, 2, 3)) for Xs in shards]) / count
+    centered = [Xs - per_channel(mean.as_in_context(Xs.context)) for Xs in shards]
+    var = total([(C * C).sum(axis=(0, 2, 3)) for C in centered]) / count   # biased, like BatchNorm
+    eps = float(np.float32(bn._kwargs['eps']))            # the operator's float32 constants
+    momentum = float(np.float32(bn._kwargs['momentum']))
+    outputs = []
+    for C in centered:
+        ctx = C.context
+        scale = bn.gamma.data(ctx) / nd.sqrt(var.as_in_context(ctx) + eps)
+        outputs.append(C * per_channel(scale) + per_channel(bn.beta.data(ctx)))
+    with autograd.pause():                                 # running statistics: no gradient
+        for ctx in {Xs.context for Xs in shards}:
+            for stat, batch_value in ((bn.running_mean, mean), (bn.running_var, var)):
+                r = stat.data(ctx)
+                r[:] = momentum * r + (1 - momentum) * batch_value.as_in_context(ctx)
+    return outputs
+
+
+def forward_over_shards(block, shards):
+    """``block`` applied to k shards in lock-step, one layer at a time, with cross-device
+    BatchNorm (:func:`batch_norm_over_shards`) at every BatchNorm layer."""
+    if isinstance(block, nn.BatchNorm):
+        return batch_norm_over_shards(block, shards)
+    if isinstance(block, nn.HybridSequential):
+        for child in block:
+            shards = forward_over_shards(child, shards)
+        return shards
+    if isinstance(block, Residual):                       # mirrors Residual.hybrid_forward
+        Y = [nd.relu(Ys) for Ys in batch_norm_over_shards(block.bn1, [block.conv1(Xs) for Xs in shards])]
+        Y = batch_norm_over_shards(block.bn2, [block.conv2(Ys) for Ys in Y])
+        if block.conv3 is not None:
+            shards = [block.conv3(Xs) for Xs in shards]
+        return [nd.relu(Ys + Xs) for Ys, Xs in zip(Y, shards)]
+    return [block(Xs) for Xs in shards]                    # layers without batch statistics
 
 def _canonical_blocks(net) -> dict:
     """The layers of ``resnet18``'s net under their canonical names (d2lmini.models)."""

@@ -6,7 +6,8 @@
 * ``record_result`` from a notebook whose working directory was replaced while the kernel ran
   (a checkout re-sent under a running kernel): relative results paths are taken from the
   folder the process started in.
-* The second run (one H200, gpu profile): concise/jax's wrong-import-order demonstration
+* The second run (one H200, gpu profile): concise/jax's wrong-import-order demonstration (now
+  on jax-in-depth)
   launched a child with ``JAX_PLATFORMS=cpu`` only; on the GPU host that child stopped with
   "the installed jax is a CPU build" (the gpu profile's refusal to fall back) instead of the
   lesson's message.  Run here from the notebook's own cell, on a faked GPU host (a fake
@@ -130,7 +131,7 @@ def notebook_cell(path: str, marker: str) -> str:
 def test_jax_wrong_import_order_demo_on_a_gpu_host(tmp_path, k):
     """The cell as the notebook has it, under the gpu profile on a one-GPU host: the child
     must fail with the lesson's message, not with the gpu profile's refusal."""
-    cell = notebook_cell("chapters/concise/jax.ipynb", "Restart the kernel")
+    cell = notebook_cell("chapters/concise/jax-in-depth.ipynb", "Restart the kernel")
     code = f"import d2lmini, d2lmini.launch\nk = {k}\n" + cell
     env = dict(os.environ, PATH=fake_gpu_host(tmp_path), D2LMINI_PROFILE="gpu")
     env.pop("D2LMINI_NUM_DEVICES", None)

@@ -8,6 +8,8 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 from helpers import ROOT
 from tools import manifest
 
@@ -64,7 +66,8 @@ def test_the_table_of_contents_is_the_manifests():
             assert f in listed
 
 
-FAKE = '''    Chapter("fake", "A Fake Part", neutral=("model",), profile="scratch", essentials=True,
+FAKE = '''    Chapter("fake", "A Fake Part", neutral=("model",), lab_pages=("deep",), profile="scratch",
+            essentials=True,
             gpu_run=True, steps={"fake_step": "step"}, trains={"labs": "scratch"},
             rehearsal={"labs": dict(section="scratch", runs="[]",
                                     thresholds={"min_test_acc": "P.scratch.min_test_acc"})}),
@@ -104,7 +107,8 @@ def test_a_chapter_added_to_the_manifest_reaches_every_tool(tmp_path):
     (fake / "index.md").write_text("# A fake chapter\n\nIts overview.\n")
     nb = {"cells": [{"cell_type": "markdown", "id": "a", "metadata": {}, "source": ["# Fake\n"]}],
           "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
-    for stem in ("model", "pytorch", "jax", "paddle", "mxnet"):
+    labs = ("pytorch", "jax", "paddle", "mxnet")
+    for stem in ("model", *labs, *(f"{lab}-deep" for lab in labs)):
         (fake / f"{stem}.ipynb").write_text(json.dumps(nb))
     r = subprocess.run([sys.executable, "-m", "tools.manifest", "--write-toc"], cwd=copy,
                        capture_output=True, text=True, timeout=120)
@@ -114,7 +118,9 @@ def test_a_chapter_added_to_the_manifest_reaches_every_tool(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(r.stdout.split("PROBE ", 1)[1])
     files = ["chapters/fake/index", "chapters/fake/model", "chapters/fake/pytorch",
-             "chapters/fake/jax", "chapters/fake/paddle", "chapters/fake/mxnet"]
+             "chapters/fake/jax", "chapters/fake/paddle", "chapters/fake/mxnet",
+             "chapters/fake/pytorch-deep", "chapters/fake/jax-deep", "chapters/fake/paddle-deep",
+             "chapters/fake/mxnet-deep"]
     assert [f for f in got["toc"] if f.startswith("chapters/fake/")] == files
     assert "caption: A Fake Part" in got["written"] and "file: chapters/fake/model" in got["written"]
     assert {f"{f}.md" if f.endswith("index") else f"{f}.ipynb" for f in files} <= set(got["pages"])
@@ -123,3 +129,24 @@ def test_a_chapter_added_to_the_manifest_reaches_every_tool(tmp_path):
     assert got["steps"] == {"fake_step": "step"}
     assert got["rehearsal"] == "scratch"
     assert got["lab"] == "chapters/fake/pytorch.ipynb"
+
+
+def _sections(path):
+    cells = json.loads(path.read_text())["cells"]
+    return [line for c in cells if c["cell_type"] == "markdown"
+            for line in "".join(c["source"]).splitlines() if line.startswith("## ")]
+
+
+@pytest.mark.parametrize("chapter", [c.name for c in manifest.lab_chapters()])
+def test_a_chapters_framework_notebooks_share_one_skeleton(chapter):
+    """The labs of a chapter have the same ``##`` sections in the same order, and so do the
+    in-depth pages written once per framework (``Chapter.lab_pages``): the differences a
+    reader sees side by side are the frameworks'."""
+    c = manifest.chapter(chapter)
+    groups = {"labs": c.page("labs"), **{key: c.page(key) for key in c.lab_pages}}
+    for key, paths in groups.items():
+        skeletons = {p.name: _sections(p) for p in paths}
+        first = next(iter(skeletons.values()))
+        assert first, (chapter, key)
+        differ = {name: s for name, s in skeletons.items() if s != first}
+        assert not differ, f"{chapter} {key}: {paths[0].name} has {first}, but {differ}"

@@ -416,8 +416,10 @@ def main(argv=None) -> int:
     if args.notebooks:
         notebooks = [Path(p).resolve() for p in args.notebooks]
     else:
-        notebooks = [ROOT / "chapters" / ch / f"{NOTEBOOK[fw]}.ipynb"
-                     for fw in frameworks for ch in chapters]
+        notebooks = [ROOT / "chapters" / ch / f"{stem}.ipynb"      # each lab, then its in-depth pages
+                     for fw in frameworks for ch in chapters
+                     for stem in (NOTEBOOK[fw], *(f"{NOTEBOOK[fw]}-{s}"
+                                                  for s in manifest.chapter(ch).lab_pages))]
     if not notebooks:
         print(f"gpu_run: none of {', '.join(FRAMEWORKS)} can be imported by {sys.executable} "
               "(jax also needs flax and optax); nothing to run.", file=sys.stderr)
@@ -501,7 +503,7 @@ def _run(args, gpus, gpu_source, found, frameworks, chapters, notebooks, mode, t
     runner = run_nbval if mode == "nbval" else run_exec
     for nb in notebooks:
         name = str(nb.relative_to(RUN_ROOT)) if nb.is_relative_to(RUN_ROOT) else str(nb)
-        fw = {v: k for k, v in NOTEBOOK.items()}.get(nb.stem)
+        fw = {v: k for k, v in NOTEBOOK.items()}.get(nb.stem.split("-")[0])
         print(f"{name} ...", end=" ", flush=True)
         try:
             res = runner(nb, timeout, env)
