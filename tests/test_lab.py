@@ -125,7 +125,10 @@ def lab_page(server, notebook):
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 900})
-            page.goto(f"{base}/lab/tree/{notebook}?token={token}")
+            # a fresh workspace each time: the default one would restore the notebooks an
+            # earlier test opened, and the one asked for could open behind them, unseen
+            page.goto(f"{base}/lab/workspaces/{secrets.token_hex(4)}/tree/{notebook}"
+                      f"?token={token}&reset")
             yield page
         finally:
             browser.close()
