@@ -418,8 +418,7 @@ def main(argv=None) -> int:
     else:
         notebooks = [ROOT / "chapters" / ch / f"{stem}.ipynb"      # each lab, then its in-depth pages
                      for fw in frameworks for ch in chapters
-                     for stem in (NOTEBOOK[fw], *(f"{NOTEBOOK[fw]}-{s}"
-                                                  for s in manifest.chapter(ch).lab_pages))]
+                     for stem in (NOTEBOOK[fw], *manifest.chapter(ch).lab_page_stems(NOTEBOOK[fw]))]
     if not notebooks:
         print(f"gpu_run: none of {', '.join(FRAMEWORKS)} can be imported by {sys.executable} "
               "(jax also needs flax and optax); nothing to run.", file=sys.stderr)

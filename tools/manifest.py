@@ -70,9 +70,11 @@ class Chapter:
     def lab_stems(self) -> tuple[str, ...]:
         return NOTEBOOKS if self.labs else ()
 
-    def lab_page_stems(self) -> tuple[str, ...]:
-        """The in-depth pages written once per framework, in reading order."""
-        return tuple(f"{nb}-{stem}" for stem in self.lab_pages for nb in self.lab_stems())
+    def lab_page_stems(self, notebook: str | None = None) -> tuple[str, ...]:
+        """The in-depth pages written once per framework (``<notebook>-<stem>``), in reading
+        order; with ``notebook``, that lab's only."""
+        return tuple(f"{nb}-{stem}" for stem in self.lab_pages for nb in self.lab_stems()
+                     if notebook in (None, nb))
 
     def files(self) -> list[str]:
         """The chapter's pages in reading order, as TOC entries (no suffix): the overview,
@@ -92,7 +94,8 @@ class Chapter:
         if key == "labs":
             return [self.lab(fw.key) for fw in FRAMEWORKS]
         if key in self.lab_pages:
-            return [ROOT / self.folder / f"{fw.notebook}-{key}.ipynb" for fw in FRAMEWORKS]
+            return [ROOT / self.folder / f"{s}.ipynb" for s in self.lab_page_stems()
+                    if s.endswith(f"-{key}")]
         return [ROOT / self.folder / f"{key}.ipynb"]
 
 
@@ -179,9 +182,8 @@ def page_key(path: Path | str) -> tuple[Chapter, str]:
     c, stem = chapter_of(path), Path(path).stem
     if c.labs and stem in NOTEBOOKS:
         return c, "labs"
-    for key in c.lab_pages:
-        if stem in (f"{nb}-{key}" for nb in NOTEBOOKS):
-            return c, key
+    if stem in c.lab_page_stems():
+        return c, next(key for key in c.lab_pages if stem.endswith(f"-{key}"))
     return c, stem
 
 
