@@ -93,6 +93,25 @@ def test_no_harness_in_the_code_a_reader_sees(path):
                        + "\n".join(found))
 
 
+def test_hidden_stderr_is_a_frameworks_notice_never_an_error():
+    """`remove-stderr` keeps a framework's chatter off the page (AUTHORING, the tag table):
+    only on cells whose output is not compared, and never over a traceback or an error the
+    reader would need to see."""
+    found = []
+    for path in book_notebooks():
+        path = getattr(path, "values", (path,))[0]
+        for i, c in enumerate(cells(path)):
+            if "remove-stderr" not in tags(c):
+                continue
+            if "nbval-ignore-output" not in tags(c):
+                found.append(f"{rel(path)} cell {i}: its output is compared")
+            for out in c.get("outputs", []):
+                text = "".join(out.get("text", "")) if out.get("name") == "stderr" else ""
+                if re.search(r"Traceback|\w+Error\b", text):
+                    found.append(f"{rel(path)} cell {i}: hides {text.strip()[:80]!r}")
+    assert not found, "\n".join(found)
+
+
 # ---------------------------------------------------------------------------- exercises
 EXERCISES = re.compile(r"^## Exercises\s*$", re.M)
 ITEM = re.compile(r"^(\d+)\.\s", re.M)

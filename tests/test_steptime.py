@@ -82,6 +82,34 @@ def test_the_fit_recovers_t0_and_the_slope():
         steptime.fit_step_time([64, 64], [0.01, 0.011])
 
 
+def test_a_ladder_times_each_rung_in_order_and_fits_a_line_through_every_batch():
+    """What the fast-path pages print from ``ladder`` and ``step_shape``: one record per rung,
+    in the ladder's order, the first the 1.0x baseline; a line per rung through every batch."""
+    built = []
+    dev = FakeDevice()
+
+    def build(knobs, batch):            # a rung's step: a fresh model for every rung and batch
+        built.append((tuple(knobs), batch))
+        work = WORK / (2 if "fast" in knobs else 1) * (1 + batch / 64)
+        return lambda: dev.pool.submit(time.sleep, work)
+
+    rungs = [("defaults", ()), ("+ fast", ("fast",))]
+    ladder = steptime.ladder(build, rungs, dev.wait, 32, warmup=1, repeats=2, steps=2)
+    assert [r["rung"] for r in ladder] == ["defaults", "+ fast"]
+    assert [r["knobs"] for r in ladder] == [(), ("fast",)] and built == [((), 32), (("fast",), 32)]
+    assert all(0 < r["ms_min"] <= r["ms_median"] <= r["ms_max"] for r in ladder)
+    assert ladder[0]["speedup"] == 1.0 and ladder[1]["speedup"] > 1.3     # half the work
+    table = steptime.ladder_table(ladder, "fake")
+    assert table.count("\n") == 3 and "| + fast |" in table and "1.00x" in table
+
+    fits = steptime.step_shape(build, rungs, dev.wait, [16, 64], warmup=1, repeats=2, steps=2)
+    assert list(fits) == ["defaults", "+ fast"]
+    for name, fit in fits.items():
+        assert [b for b, _ in fit.points] == [16, 64]
+        assert fit.t0 >= 0 and fit.per_example > 0       # more work at the larger batch
+    assert fits["+ fast"].t0 < fits["defaults"].t0
+
+
 def test_amdahl_the_fixed_part_bounds_the_speed_up():
     proportional = steptime.fit_step_time([32, 256], [32e-4, 256e-4])
     assert steptime.predicted_speedup(proportional, 256, 8) == pytest.approx(8)
