@@ -27,6 +27,7 @@ import numpy as np  # noqa: E402
 from .config import device_plan, exact_everywhere, num_simulated_devices  # noqa: E402
 from .hardware import nvidia_gpus  # noqa: E402
 from .utils import check_device_count, evaluate_accuracy_with, shard_slices  # noqa: E402
+import d2lmini  # noqa: E402  (the saved all-reduces at the end use its schedules)
 
 FRAMEWORK = "jax"
 SIMULATED_NOTE = ("JAX splits the host CPU into N XLA devices (jax_num_cpu_devices): "
@@ -375,3 +376,35 @@ def canonical_init(net, arrays: dict) -> dict:
     from .models import check_all_used
     check_all_used(arrays, used)
     return traverse_util.unflatten_dict(flat)
+
+
+# ------------------------------------------------- the from-scratch chapter's all-reduces
+# Saved as chapters/scratch/jax.ipynb writes them (its cells tagged step:allreduce and
+# step:ring_allreduce), for the chapters that use them again; tests/test_written_once.py
+# holds the two copies to the same text.
+def allreduce(data):
+    # sum onto data[0]'s device, then broadcast back; returns the NEW per-device arrays
+    total = data[0]
+    for x in data[1:]:
+        total = total + jax.device_put(x, data[0].device)    # copy to device 0 and add there
+    return [total] + [jax.device_put(total, x.device) for x in data[1:]]   # copy back
+
+
+def ring_allreduce(data, sent=None):
+    # sum the arrays in `data` (one per device) with the ring algorithm;
+    # returns the NEW per-device arrays; adds the bytes each device sends to `sent`
+    k, shape = len(data), data[0].shape
+    devs = [x.device for x in data]
+    bufs = [x.reshape(-1) for x in data]                    # each device's flat buffer
+    chunks = d2lmini.chunk_slices(bufs[0].size, k)
+    for step in d2lmini.ring_schedule(k):
+        # src sends one chunk to dst: a copy between devices; all read the pre-step buffers
+        msgs = [(t, jax.device_put(bufs[t.src][chunks[t.chunk]], devs[t.dst])) for t in step]
+        for t, msg in msgs:
+            if sent is not None:
+                sent[t.src] += msg.size * msg.dtype.itemsize
+            if t.op == 'add':                               # reduce-scatter: accumulate
+                bufs[t.dst] = bufs[t.dst].at[chunks[t.chunk]].add(msg)
+            else:                                           # all-gather: overwrite
+                bufs[t.dst] = bufs[t.dst].at[chunks[t.chunk]].set(msg)
+    return [b.reshape(shape) for b in bufs]

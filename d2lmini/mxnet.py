@@ -35,6 +35,7 @@ from mxnet.gluon import nn  # noqa: E402
 from .config import device_plan  # noqa: E402
 from .hardware import mxnet_unsupported_gpu  # noqa: E402
 from .utils import check_device_count, evaluate_accuracy_with, shard_slices  # noqa: E402
+import d2lmini  # noqa: E402  (the saved all-reduces at the end use its schedules)
 
 FRAMEWORK = "mxnet"
 
@@ -330,3 +331,35 @@ def canonical_init(net, arrays: dict):
         p.set_data(nd.array(a, dtype=p.dtype))
         p._finish_deferred_init()            # a deferred parameter takes the data at once
     return net
+
+
+# ------------------------------------------------- the from-scratch chapter's all-reduces
+# Saved as chapters/scratch/mxnet.ipynb writes them (its cells tagged step:allreduce and
+# step:ring_allreduce), for the chapters that use them again; tests/test_written_once.py
+# holds the two copies to the same text.
+def allreduce(data):
+    # sum onto data[0]'s device, then broadcast back; every array is overwritten IN PLACE
+    for i in range(1, len(data)):
+        data[0][:] += data[i].copyto(data[0].context)
+    for i in range(1, len(data)):
+        data[0].copyto(data[i])
+
+
+def ring_allreduce(data):
+    # sum the arrays in `data` (one per device) with the ring algorithm, IN PLACE;
+    # returns the number of bytes each device sent
+    k = len(data)
+    flat = [x.reshape((-1,)) for x in data]             # views of the caller's buffers
+    chunks = d2lmini.chunk_slices(flat[0].size, k)
+    sent = [0] * k
+    for step in d2lmini.ring_schedule(k):
+        messages = [(t, flat[t.src][chunks[t.chunk]].copyto(data[t.dst].context))
+                    for t in step]                      # every src sends one chunk to dst
+        for t, msg in messages:
+            sent[t.src] += msg.size * np.dtype(msg.dtype).itemsize
+            target = flat[t.dst][chunks[t.chunk]]       # a view into dst's buffer
+            if t.op == 'add':                           # reduce-scatter: accumulate
+                target += msg
+            else:                                       # all-gather: overwrite
+                msg.copyto(target)
+    return sent

@@ -35,6 +35,7 @@ from paddle import nn  # noqa: E402
 
 from .config import device_plan, exact_everywhere  # noqa: E402
 from .utils import check_device_count, evaluate_accuracy_with, shard_slices  # noqa: E402
+import d2lmini  # noqa: E402  (the saved all-reduces at the end use its schedules)
 
 FRAMEWORK = "paddle"
 
@@ -506,3 +507,38 @@ def run_launch(cmd: list[str], *, log_dir, timeout: float | None = None, env: di
         extra = "\n".join(parts) if parts else f"(no worker logs in {log_dir})"
         full = e.log + "".join(f"\n===== {name} =====\n{text}" for name, text in logs.items())
         raise LaunchError(f"{e}\n{extra}", full, e.returncode) from None
+
+
+# ------------------------------------------------- the from-scratch chapter's all-reduces
+# Saved as chapters/scratch/paddle.ipynb writes them (its cells tagged step:allreduce and
+# step:ring_allreduce), for the chapters that use them again; tests/test_written_once.py
+# holds the two copies to the same text.
+@paddle.no_grad()
+def allreduce(data):
+    # sum onto data[0]'s device, then broadcast back; every tensor is overwritten IN PLACE
+    for i in range(1, len(data)):
+        data[0].add_(data[i].to(data[0].place))
+    for i in range(1, len(data)):
+        paddle.assign(data[0].to(data[i].place), output=data[i])
+
+
+@paddle.no_grad()
+def ring_allreduce(data):
+    # sum the tensors in `data` (one per device) with the ring algorithm, IN PLACE;
+    # returns the bytes each device sent
+    k = len(data)
+    flat = [t.reshape([-1]).clone() for t in data]       # each device's working buffer
+    chunks = d2lmini.chunk_slices(int(flat[0].size), k)
+    sent = [0] * k
+    for step in d2lmini.ring_schedule(k):
+        for t in step:                                   # concurrent on real hardware
+            c = chunks[t.chunk]
+            msg = flat[t.src][c].to(data[t.dst].place)   # src sends one chunk to dst
+            sent[t.src] += int(msg.size) * msg.element_size()
+            if t.op == 'add':                            # reduce-scatter: accumulate
+                flat[t.dst][c] = flat[t.dst][c] + msg
+            else:                                        # all-gather: overwrite
+                flat[t.dst][c] = msg
+    for t, f in zip(data, flat):
+        paddle.assign(f.reshape(t.shape), output=t)      # write back IN PLACE
+    return sent

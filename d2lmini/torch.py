@@ -18,6 +18,7 @@ from torch import nn
 
 from .config import device_plan, exact_everywhere
 from .utils import check_device_count, evaluate_accuracy_with, shard_slices
+import d2lmini  # the saved all-reduces at the end of this module use its schedules
 
 FRAMEWORK = "torch"
 
@@ -360,3 +361,33 @@ def recalibrate_batchnorm(net: nn.Module, batches, device=None) -> int:
         m.momentum = momentum
     net.train(was_training)
     return count
+
+
+# ------------------------------------------------- the from-scratch chapter's all-reduces
+# Saved as chapters/scratch/pytorch.ipynb writes them (its cells tagged step:allreduce and
+# step:ring_allreduce), for the chapters that use them again; tests/test_written_once.py
+# holds the two copies to the same text.
+def allreduce(data):
+    for i in range(1, len(data)):
+        data[0].add_(data[i].to(data[0].device))   # reduce: sum into device 0's buffer
+    for i in range(1, len(data)):
+        data[i].copy_(data[0])                       # broadcast: overwrite every other buffer
+
+
+def ring_allreduce(data):
+    k = len(data)
+    flat = [x.view(-1) for x in data]          # views: writes go into the caller's tensors
+    chunks = d2lmini.chunk_slices(flat[0].numel(), k)
+    sent = [0] * k                             # bytes sent by each device
+    for step in d2lmini.ring_schedule(k):
+        # all transfers of a step run concurrently: take every message first ...
+        messages = [(t, flat[t.src][chunks[t.chunk]].to(flat[t.dst].device, copy=True))
+                    for t in step]
+        for t, msg in messages:                # ... then deliver them
+            target = flat[t.dst][chunks[t.chunk]]
+            if t.op == 'add':
+                target.add_(msg)               # reduce-scatter: accumulate
+            else:
+                target.copy_(msg)              # all-gather: overwrite
+            sent[t.src] += msg.numel() * msg.element_size()
+    return sent

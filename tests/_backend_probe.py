@@ -64,6 +64,9 @@ def main(fw: str) -> dict:
     out["evaluate_accuracy_list"] = d2l.evaluate_accuracy(
         [onehot] * k, d2lmini.BatchIterator(X, y, batch_size=7), devices)
 
+    # the from-scratch chapter's all-reduces, saved in the backend: device i starts at i + 1
+    out["saved_allreduces"] = saved_allreduces(fw, d2l, devices)
+
     # the shared ResNet-18 variant: output shape and parameter count grow with width
     out["resnet18_shape"] = resnet_forward_shape(fw, d2l)
     d2l.synchronize(devices)
@@ -82,6 +85,32 @@ def placement(fw, d2l, devices):
         return [a.devices() == {d} for a, d in zip(Xs, devices)]
     if fw == "paddle":
         return [str(a.place) == str(d) for a, d in zip(Xs, devices)]
+
+
+def saved_allreduces(fw, d2l, devices):
+    """What each device holds after ``d2l.allreduce`` and ``d2l.ring_allreduce`` of 7 numbers
+    (JAX's return new arrays; the others write into the caller's)."""
+    out = {}
+    for name in ("allreduce", "ring_allreduce"):
+        data = [on_device(fw, np.full(7, i + 1.0, dtype=np.float32), d) for i, d in enumerate(devices)]
+        result = getattr(d2l, name)(data)
+        out[name] = [d2l_to_numpy(a).tolist() for a in (result if fw == "jax" else data)]
+    return out
+
+
+def on_device(fw, x, device):
+    if fw == "mxnet":
+        from mxnet import nd
+        return nd.array(x, ctx=device)
+    if fw == "torch":
+        import torch
+        return torch.as_tensor(x, device=device)
+    if fw == "jax":
+        import jax
+        return jax.device_put(x, device)
+    if fw == "paddle":
+        import paddle
+        return paddle.to_tensor(x, place=device)
 
 
 def onehot_net(fw, Xs):

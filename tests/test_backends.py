@@ -135,6 +135,14 @@ def test_evaluate_accuracy_splits_and_counts(observed):
     assert o["evaluate_accuracy_list"] == pytest.approx(17 / 23)
 
 
+def test_the_saved_all_reduces_give_every_device_the_sum(observed):
+    # k = 1 and 3 devices holding 1, 2, ...: every device ends with 1 + 2 + ... + k (exact)
+    fw, k, o = observed
+    total = k * (k + 1) / 2
+    for name, held in o["saved_allreduces"].items():
+        assert held == [[total] * 7] * k, (fw, name, held)
+
+
 def test_resnet18_variant_forward(observed):
     assert observed[2]["resnet18_shape"] == [3, 10]
 

@@ -61,3 +61,49 @@ def test_a_framework_lab_copies_no_code_cell_of_another(chapter):
     assert not copied, (f"{len(copied)} code cells are copied between {chapter}'s framework "
                         "notebooks; what is neutral belongs on the neutral page or in d2lmini:\n"
                         + "\n".join(copied))
+
+
+# -------------------------------------------------- a framework's lesson across its chapters
+def _lines(source: str) -> int:
+    return sum(1 for line in source.splitlines() if line.strip() and not line.strip().startswith("#"))
+
+
+@pytest.mark.parametrize("framework", FRAMEWORK_NOTEBOOKS)
+def test_a_chapter_does_not_repeat_another_chapters_code(framework):
+    """A function a chapter wrote is used again from ``d2l`` (below), not shown again: no code
+    cell of three lines or more appears word for word (whitespace aside) in two chapters'
+    notebooks of one framework."""
+    notebooks = {str(p.relative_to(ROOT)): json.loads(p.read_text())["cells"]
+                 for p in sorted(ROOT.glob(f"chapters/*/{framework}*.ipynb"))}
+    seen, found = {}, []
+    for name, cells in notebooks.items():
+        for i, c in enumerate(cells):
+            src = "".join(c["source"])
+            if c["cell_type"] != "code" or _lines(src) < 3:
+                continue
+            text = re.sub(r"\s+", " ", src).strip()
+            other = seen.setdefault(text, (name, i))
+            if other[0].split("/")[1] != name.split("/")[1]:
+                found.append(f"{other[0]} cell {other[1]} == {name} cell {i}: {text[:60]}")
+    assert not found, "\n".join(found)
+
+
+def _function_source(text: str, name: str) -> str:
+    """The text of top-level function ``name`` in the Python ``text``, decorators included."""
+    node = next(n for n in ast.parse(text).body if isinstance(n, ast.FunctionDef) and n.name == name)
+    first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+    return "\n".join(text.splitlines()[first - 1:node.end_lineno])
+
+
+@pytest.mark.parametrize("framework", FRAMEWORK_NOTEBOOKS)
+def test_the_saved_all_reduces_are_the_scratch_chapters(framework):
+    """``d2l.allreduce`` and ``d2l.ring_allreduce``, which the communication chapter times, are
+    the from-scratch chapter's cells word for word (d2l's ``#@save``, held by this test)."""
+    module = ROOT / "d2lmini" / f"{'torch' if framework == 'pytorch' else framework}.py"
+    cells = json.loads((ROOT / "chapters" / "scratch" / f"{framework}.ipynb").read_text())["cells"]
+    for step in ("allreduce", "ring_allreduce"):
+        cell = [c for c in cells if f"step:{step}" in c.get("metadata", {}).get("tags", [])]
+        assert len(cell) == 1, (framework, step)
+        assert (_function_source("".join(cell[0]["source"]), step)
+                == _function_source(module.read_text(), step)), \
+            f"{module.name}'s {step} differs from chapters/scratch/{framework}.ipynb's"
