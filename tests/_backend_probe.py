@@ -99,6 +99,7 @@ def saved_allreduces(fw, d2l, devices):
 
 
 def on_device(fw, x, device):
+    """The NumPy array ``x`` as framework ``fw``'s array on ``device``."""
     if fw == "mxnet":
         from mxnet import nd
         return nd.array(x, ctx=device)
@@ -116,18 +117,9 @@ def on_device(fw, x, device):
 def onehot_net(fw, Xs):
     cls = np.rint(d2l_to_numpy(Xs)[:, 0]).astype(np.int64) % 10
     logits = np.eye(10, dtype=np.float32)[cls]
-    if fw == "mxnet":
-        from mxnet import nd
-        return nd.array(logits, ctx=Xs.context)
-    if fw == "torch":
-        import torch
-        return torch.as_tensor(logits, device=Xs.device)
-    if fw == "jax":
-        import jax
-        return jax.device_put(logits, list(Xs.devices())[0])
-    if fw == "paddle":
-        import paddle
-        return paddle.to_tensor(logits, place=Xs.place)
+    where = {"mxnet": lambda: Xs.context, "torch": lambda: Xs.device,
+             "jax": lambda: list(Xs.devices())[0], "paddle": lambda: Xs.place}[fw]()
+    return on_device(fw, logits, where)
 
 
 def d2l_to_numpy(x):
