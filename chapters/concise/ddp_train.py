@@ -225,9 +225,12 @@ def run_rank(args, work=None) -> None:
         # A launcher reports the first process to exit, which may be a peer failing on the
         # closed connection: every rank prints its own error, so the log always holds it.
         print(f"rank {rank}: {traceback.format_exc()}", file=sys.stderr, flush=True)
-        raise
-    finally:
-        dist.destroy_process_group()
+        # Then it leaves at once. Letting Python unwind would free DDP's reducer and its
+        # gloo group, whose teardown can wait for a peer still inside a collective, up to
+        # the collective timeout; the closed connections are how the peers learn of it.
+        sys.stdout.flush()
+        os._exit(1)
+    dist.destroy_process_group()
 
 
 def spawn_worker(local_rank: int, nprocs: int, args, work=None) -> None:
